@@ -1,0 +1,42 @@
+# The lecture series in four targets. Each builds .venv first when it is missing or out of date.
+#   make html   execute every lecture and render the site into build/html/ (SMOKE=1: small sizes)
+#   make test   unit tests of helpers/ and every notebook executed headless (what CI runs)
+#   make lab    JupyterLab on notebooks/ with the project's environment
+#   make clean  remove build/ and .venv/
+# GPU users pick their torch build, e.g.:
+#   make html TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+SMOKE  ?= 0
+BIN    := $(VENV)/bin
+READY  := $(VENV)/.ready
+
+.PHONY: env html test lab bench clean
+.DEFAULT_GOAL := html
+
+env: $(READY)
+
+$(READY): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+html: $(READY)
+	$(BIN)/python -m helpers.site --out build/html $(if $(filter 1 true yes,$(SMOKE)),--smoke)
+
+test: $(READY)
+	$(BIN)/python -m pytest -ra --durations=15 tests
+
+lab: $(READY)
+	cd notebooks && ../$(BIN)/jupyter lab
+
+bench: $(READY)
+	$(BIN)/python bench/launch.py
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,1 @@
+"""The lab bench every lecture shares: starting ranks, timing, checks, plots, the tiny model."""

@@ -1,0 +1,74 @@
+"""What machine a measurement was taken on, stated at the top of every lecture."""
+import os
+import platform
+import subprocess
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip() or platform.processor()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores():
+    """CPU cores this process may run on (a container's limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def memory_bytes():
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def gpus():
+    """[(name, memory in bytes)] for each visible GPU; [] without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [(torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory)
+            for i in range(torch.cuda.device_count())]
+
+
+def describe():
+    """A dict of the facts a measurement depends on (also written into results files)."""
+    import torch
+
+    return {"cpu": cpu_model(), "cores": usable_cores(), "memory_gib": round(memory_bytes() / 2**30, 1),
+            "gpus": [{"name": n, "memory_gib": round(m / 2**30, 1)} for n, m in gpus()],
+            "torch": torch.__version__, "python": platform.python_version(),
+            "os": f"{platform.system()} {platform.release()}"}
+
+
+def oversubscribed(world_size, threads_per_rank=1):
+    return world_size * threads_per_rank > usable_cores()
+
+
+def banner(world_size=None, backend=None):
+    """One paragraph: the machine, and whether the ranks outnumber its cores."""
+    d = describe()
+    gpu = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in d["gpus"]) or "no GPU"
+    text = (f"Measured on: {d['cpu']}, {d['cores']} usable core(s), {d['memory_gib']} GiB memory, "
+            f"{gpu}; torch {d['torch']}, {d['os']}.")
+    if world_size is not None:
+        text += f"\nRanks: {world_size}" + (f" on {backend}" if backend else "") + "."
+        if oversubscribed(world_size):
+            text += (f" That is more ranks than cores ({world_size} > {d['cores']}): the machine is"
+                     " oversubscribed, ranks take turns on the cores, and timings are what they are"
+                     " (slower and noisier than on a machine with a core per rank).")
+    return text

@@ -1,0 +1,393 @@
+"""Start K ranks from a notebook cell: the one way every lecture launches workers.
+
+    from helpers.spawn import spawn
+    results = spawn(fn, world_size=4, args=(x,), backend="auto", timeout=120)
+
+`fn(rank, world_size, *args)` runs in `world_size` processes with the default process group ready
+(gloo on CPU, nccl when every rank can have its own GPU) and returns the per-rank values in rank
+order, tensors moved to the CPU. What the ranks print is shown afterwards, labelled by rank, rank 0
+first. A rank that raises, dies or hangs becomes one readable exception here, and no worker is left
+running. Under `torchrun` the same call joins the existing group instead and runs `fn` in place.
+
+How it is fast: a fork server (`helpers/_worker.py`) imports torch once; each rank is a fork of it.
+How it avoids fixed ports: this process hosts the rendezvous store on a port the OS picks.
+"""
+import atexit
+import linecache
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from multiprocessing.connection import Connection, wait
+
+BACKENDS = ("auto", "gloo", "nccl")
+GRACE_S = 0.3  # after a first error, how long to wait for the other ranks' own errors
+# Errors that only say a peer went away: the consequence of another rank's failure, not its cause.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "remote process exited", "Connection refused")
+
+
+class SpawnError(RuntimeError):
+    """A rank raised an exception or died before returning."""
+
+
+class SpawnTimeout(SpawnError, TimeoutError):
+    """Some ranks had not finished within the timeout (a hang: a skipped collective, a deadlock)."""
+
+
+def spawn(fn, world_size, args=(), backend="auto", timeout=120, threads=1):
+    """Run fn(rank, world_size, *args) on `world_size` ranks; return their values in rank order."""
+    if _under_torchrun():
+        return _run_in_place(fn, world_size, args, backend)
+    backend = check_args(fn, world_size, backend, timeout, threads)
+    payload = _dumps_by_value((fn, tuple(args)))
+    launch = _Launch(world_size, backend, timeout, threads, payload)
+    succeeded = False
+    try:
+        values = launch.run()
+        succeeded = True
+        return values
+    finally:
+        launch.end(succeeded)
+
+
+def check_args(fn, world_size, backend="auto", timeout=120, threads=1):
+    """Refuse what cannot run, with a sentence, before any process starts. Returns the backend."""
+    if not callable(fn):
+        raise ValueError(f"spawn needs a function to run on every rank, got {fn!r}.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be a whole number of ranks, got {world_size!r}.")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1 (one process per rank), got {world_size}.")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads (per rank) must be a whole number >= 1, got {threads!r}.")
+    gpus = gpu_count()
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks asked for, "
+                         f"{gpus} GPU(s) here. Use backend='gloo' or 'auto', or fewer ranks.")
+    if backend == "auto":
+        backend = "nccl" if 0 < world_size <= gpus else "gloo"
+    return backend
+
+
+def gpu_count():
+    """GPUs visible to this process, counted without initialising CUDA here."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device(rank=None):
+    """The device a rank's tensors belong on: its GPU under nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device() if rank is None else rank)
+    return torch.device("cpu")
+
+
+def warm_up():
+    """Start the fork server now (it imports torch once), so the first launch is a warm one."""
+    _server()
+
+
+def describe_launch(world_size, backend="auto"):
+    """What `spawn` does to make a group, as a dict a lecture can print."""
+    backend = check_args(print, world_size, backend)
+    return {"start": "fork of a server process that imported torch once (helpers/_worker.py)",
+            "rendezvous": f"TCPStore on 127.0.0.1:{_store().port} hosted by this process "
+                          "(port chosen by the OS), a fresh key prefix per launch",
+            "backend": backend, "world_size": world_size,
+            "env per rank": "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"}
+
+
+# ---------------------------------------------------------------------------------------- a launch
+
+class _Launch:
+    def __init__(self, world_size, backend, timeout, threads, payload):
+        self.world_size, self.timeout = world_size, timeout
+        self.pids, self.conns, self.outputs = {}, {}, {}
+        store = _store()
+        prefix = f"launch-{uuid.uuid4().hex}/"
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), HELPERS_SPAWN_RANK="1")
+        env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        self.base = dict(world_size=world_size, backend=backend, timeout=timeout, threads=threads,
+                         payload=payload, host="127.0.0.1", port=store.port, prefix=prefix,
+                         sys_path=list(sys.path), cwd=os.getcwd())
+        self.env = env
+
+    def run(self):
+        for rank in range(self.world_size):  # ask for every fork first: they start in parallel
+            mine, theirs = socket.socketpair()
+            _send_to_server(theirs)
+            self.conns[rank] = Connection(mine.detach())
+        for rank in range(self.world_size):
+            self._start(rank)
+        return self._collect()
+
+    def _start(self, rank):
+        conn = self.conns[rank]
+        try:
+            self.pids[rank] = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            raise SpawnError("the launcher's fork server exited before starting rank "
+                             f"{rank}; run the cell again (it starts a new one).") from None
+        self.outputs[rank] = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}-rank{rank}.log")
+        env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank))
+        conn.send_bytes(pickle.dumps(dict(self.base, rank=rank, env=env,
+                                          out_path=self.outputs[rank])))
+
+    def _collect(self):
+        deadline = time.monotonic() + self.timeout
+        values, errors = {}, {}
+        waiting = dict(self.conns)
+        first_error_at = None
+        while waiting:
+            now = time.monotonic()
+            limit = deadline if first_error_at is None else min(deadline, first_error_at + GRACE_S)
+            if now >= limit:
+                break
+            for conn in wait(list(waiting.values()), timeout=limit - now):
+                rank = next(r for r, c in waiting.items() if c is conn)
+                del waiting[rank]
+                try:
+                    reply = pickle.loads(conn.recv_bytes())
+                except EOFError:
+                    reply = ("died",)
+                except Exception as e:  # noqa: BLE001 - e.g. a value whose class is not importable here
+                    reply = ("error", type(e).__name__, f"its return value could not be received: {e}",
+                             [], None)
+                if reply[0] == "ok":
+                    values[rank] = reply[1]
+                else:
+                    errors[rank] = reply
+                    first_error_at = first_error_at or time.monotonic()
+        if errors:
+            raise self._error(errors)
+        if waiting:
+            raise self._timeout(sorted(waiting), sorted(values))
+        return [values[r] for r in range(self.world_size)]
+
+    def _error(self, errors):
+        """Report the cause: the lowest rank that died or raised for a reason of its own."""
+        causes = [r for r in sorted(errors) if errors[r][0] == "died"
+                  or not any(p in errors[r][2] for p in PEER_LOST)]
+        rank = (causes or sorted(errors))[0]
+        reply = errors[rank]
+        others = [r for r in sorted(errors) if r != rank]
+        also = f" (ranks {others} failed too)" if others else ""
+        if reply[0] == "died":
+            last = _last_lines(self.outputs[rank])
+            err = SpawnError(f"rank {rank} of {self.world_size} died before returning a value{also}."
+                             + (f"\nIts last output:\n{last}" if last else ""))
+        else:
+            _, kind, message, frames, original = reply
+            tb = _format_frames(frames)
+            err = SpawnError(f"rank {rank} of {self.world_size} raised {kind}: {message}{also}\n\n"
+                             f"Traceback of rank {rank} (most recent call last):\n{tb}")
+            err.original = original
+        err.rank = rank
+        return err
+
+    def _timeout(self, stuck, done):
+        lines = [f"spawn timed out after {self.timeout:g} s: rank(s) {stuck} of {self.world_size} "
+                 f"had not finished" + (f" (rank(s) {done} had returned)." if done else ".")]
+        for rank in stuck:
+            last = _last_lines(self.outputs[rank])
+            lines.append(f"Last output of rank {rank}: " + (f"\n{last}" if last else "(nothing)"))
+        lines.append("A rank that skips a collective, or a send without its matching recv, hangs "
+                     "like this; all ranks have been ended.")
+        err = SpawnTimeout("\n".join(lines))
+        err.ranks = stuck
+        return err
+
+    def end(self, succeeded=False):
+        """Release finished ranks, kill the rest, show what every rank printed, leave nothing behind."""
+        for conn in self.conns.values():
+            conn.close()  # a rank that has answered exits as soon as it sees this
+        if not succeeded:  # ranks still running (an error, a hang, an interrupt) are killed
+            for pid in self.pids.values():
+                _kill_group(pid)
+            deadline = time.monotonic() + 5
+            while any(_alive(p) for p in self.pids.values()) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        for rank in sorted(self.outputs):
+            _print_labelled(rank, self.outputs[rank])
+
+
+def _print_labelled(rank, path):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    for line in text.splitlines():
+        print(f"[rank {rank}] {line}")
+
+
+def _last_lines(path, n=5):
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join("    " + line for line in f.read().splitlines()[-n:])
+    except FileNotFoundError:
+        return ""
+
+
+def _format_frames(frames):
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for filename, lineno, name, line in frames:
+        if os.path.dirname(os.path.abspath(filename)) == here and filename.endswith("_worker.py"):
+            continue  # the launcher's own frames tell a student nothing
+        line = line or linecache.getline(filename, lineno).strip()  # notebook cells live here
+        out.append(f'  File "{filename}", line {lineno}, in {name}' + (f"\n    {line}" if line else ""))
+    return "\n".join(out)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is as good as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ------------------------------------------------------------------- process-wide shared pieces
+
+_SERVER = None  # (Popen, control socket)
+_STORE = None
+_TMPDIR = None
+
+
+def _server():
+    global _SERVER
+    if _SERVER is not None and _SERVER[0].poll() is None:
+        return _SERVER
+    if sys.platform == "win32":
+        raise OSError("helpers.spawn forks its ranks and needs Linux or macOS (on Windows, use WSL).")
+    mine, theirs = socket.socketpair()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "helpers._worker", str(theirs.fileno())],
+                            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True, cwd=root)
+    theirs.close()
+    _SERVER = (proc, mine)
+    return _SERVER
+
+
+def server_pid():
+    """The fork server's pid, or None when none is running (for tests and the curious)."""
+    return _SERVER[0].pid if _SERVER is not None and _SERVER[0].poll() is None else None
+
+
+def _send_to_server(sock):
+    for attempt in range(2):
+        proc, ctl = _server()
+        try:
+            socket.send_fds(ctl, [b"r"], [sock.fileno()])
+            sock.close()
+            return
+        except OSError:
+            if attempt:
+                raise
+            proc.kill()  # a server that died or broke its socket is replaced once
+            proc.wait()
+
+
+def _store():
+    global _STORE
+    if _STORE is None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        _STORE = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=300))
+    return _STORE
+
+
+def _tmpdir():
+    global _TMPDIR
+    if _TMPDIR is None:
+        _TMPDIR = tempfile.mkdtemp(prefix="spawn-")
+        atexit.register(shutil.rmtree, _TMPDIR, True)
+    return _TMPDIR
+
+
+def _loopback_interface():
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), names[0] if names else "lo")
+
+
+def _dumps_by_value(obj):
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception as e:
+        raise ValueError(f"the function or its args cannot be sent to the ranks ({e}). Pass "
+                         "tensors, numbers and plain data; create anything else inside fn.") from e
+
+
+# --------------------------------------------------------------------------------- under torchrun
+
+def _under_torchrun():
+    env = os.environ
+    return all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) \
+        and "HELPERS_SPAWN_RANK" not in env
+
+
+def _run_in_place(fn, world_size, args, backend):
+    """Under torchrun this process is already a rank: join the group, run fn, share the values."""
+    import torch
+    import torch.distributed as dist
+
+    size, rank, local = (int(os.environ[k]) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"))
+    if world_size is not None and world_size != size:
+        raise ValueError(f"torchrun started {size} ranks but spawn was asked for {world_size}; "
+                         "pass world_size=None (or the same number) under torchrun.")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if not dist.is_initialized():
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        if backend == "auto":
+            backend = "nccl" if 0 < local_size <= gpu_count() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend)
+        atexit.register(dist.destroy_process_group)
+    value = fn(rank, size, *args)
+    from helpers._worker import _to_cpu
+
+    values = [None] * size
+    dist.all_gather_object(values, _to_cpu(value))
+    return values

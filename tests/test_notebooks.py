@@ -1,0 +1,75 @@
+"""Every lecture executed headless, as CI and instructors run them, and the notebook conventions."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# Lectures whose issue asks for more than the default world size in CI.
+EXTRA_RUNS = {"01_collectives.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}]}
+
+
+def cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def parameters_cell(path):
+    for cell in cells(path):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return "".join(cell["source"])
+    return None
+
+
+def runs():
+    for path in NOTEBOOKS:
+        yield pytest.param(path, {}, id=path.name)
+        for extra in EXTRA_RUNS.get(path.name, []):
+            yield pytest.param(path, extra, id=f"{path.name}-" + "-".join(f"{k}={v}" for k, v in extra.items()))
+
+
+def test_there_are_lectures():
+    assert NOTEBOOKS, "notebooks/ holds no lecture"
+
+
+@pytest.mark.parametrize("path, extra", runs())
+def test_notebook_executes_headless(path, extra, tmp_path):
+    import papermill
+
+    params = {"SMOKE": True, **extra}
+    if re.search(r"^CHECK_SOLUTIONS\s*=", parameters_cell(path) or "", re.M):
+        params["CHECK_SOLUTIONS"] = True
+    try:
+        papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=params,
+                                   cwd=str(path.parent), kernel_name="python3", progress_bar=False,
+                                   log_output=False)
+    except papermill.PapermillExecutionError as e:
+        source = "\n".join("    " + line for line in e.source.splitlines()[:12])
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback[-12:]))
+        pytest.fail(f"{path.name} with {params}: code cell {e.exec_count} (cell index {e.cell_index}) "
+                    f"failed with {e.ename}: {e.evalue}\n\nThe cell begins:\n{source}\n\n{tb}",
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(path):
+    dirty = [i for i, c in enumerate(cells(path)) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, (f"{path.name}: cells {dirty} carry outputs or execution counts; clear them "
+                       "(Edit > Clear Outputs of All Cells in JupyterLab) before committing")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_follows_the_conventions(path):
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), "file names are NN_topic.ipynb"
+    first = cells(path)[0]
+    assert first["cell_type"] == "markdown"
+    assert "".join(first["source"]).startswith(f"# Lecture {path.name[:2]}:"), \
+        "the first cell is the title: '# Lecture NN: ...'"
+    params = parameters_cell(path)
+    assert params is not None, "one code cell is tagged 'parameters'"
+    for knob in ("WORLD_SIZE", "SMOKE"):
+        assert re.search(rf"^{knob}\s*=", params, re.M), f"the parameters cell sets {knob}"
+    kernel = json.loads(path.read_text())["metadata"].get("kernelspec", {}).get("name")
+    assert kernel == "python3", "the kernel is the environment's python3"
