@@ -2,6 +2,7 @@
 #   make html   execute every lecture and render the site into build/html/ (SMOKE=1: small sizes)
 #   make test   unit tests of helpers/ and every notebook executed headless (what CI runs)
 #   make lab    JupyterLab on notebooks/ with the project's environment
+#               (on a remote GPU node: make lab LAB_ARGS="--no-browser --ip=0.0.0.0")
 #   make clean  remove build/ and .venv/
 # GPU users pick their torch build, e.g.:
 #   make html TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -10,6 +11,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 SMOKE  ?= 0
+LAB_ARGS ?=
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
@@ -33,7 +35,7 @@ test: $(READY)
 	$(BIN)/python -m pytest -ra --durations=15 tests
 
 lab: $(READY)
-	cd notebooks && ../$(BIN)/jupyter lab
+	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(READY)
 	$(BIN)/python bench/launch.py

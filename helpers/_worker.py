@@ -21,10 +21,11 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
+import cloudpickle
+
 
 def serve(ctl_fd):
-    import cloudpickle  # noqa: F401  (imported once here, inherited by every rank)
-    import torch  # noqa: F401
+    import torch  # noqa: F401  (imported once here, inherited by every rank)
     import torch.distributed  # noqa: F401
 
     ctl = socket.socket(fileno=ctl_fd)
@@ -70,7 +71,8 @@ def _rank(fd):
     threading.Thread(target=_exit_when_released, args=(conn,), daemon=True).start()
     try:
         value = _run(req)
-        reply = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
+        # by value, so an object of a class defined in a notebook cell can travel back too
+        reply = cloudpickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the notebook
         reply = _error_reply(e)
     sys.stdout.flush()
@@ -92,7 +94,6 @@ def _exit_when_released(conn):
 def _run(req):
     from datetime import timedelta
 
-    import cloudpickle
     import torch
     import torch.distributed as dist
 
@@ -125,13 +126,8 @@ def _error_reply(e):
     frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(e.__traceback__)]
     message = str(e)
     try:
-        pickle.dumps(e)
-        original = e
+        return cloudpickle.dumps(("error", type(e).__name__, message, frames, e))
     except Exception:  # noqa: BLE001 - an exception that cannot travel is described instead
-        original = None
-    try:
-        return pickle.dumps(("error", type(e).__name__, message, frames, original))
-    except Exception:  # noqa: BLE001
         return pickle.dumps(("error", type(e).__name__, message, frames, None))
 
 

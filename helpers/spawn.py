@@ -71,12 +71,17 @@ def check_args(fn, world_size, backend="auto", timeout=120, threads=1):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads (per rank) must be a whole number >= 1, got {threads!r}.")
+    return resolve_backend(world_size, backend)
+
+
+def resolve_backend(world_size, backend="auto"):
+    """'auto' -> nccl when every rank can have its own GPU, else gloo; refuses nccl without GPUs."""
     gpus = gpu_count()
     if backend == "nccl" and gpus < world_size:
         raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks asked for, "
                          f"{gpus} GPU(s) here. Use backend='gloo' or 'auto', or fewer ranks.")
     if backend == "auto":
-        backend = "nccl" if 0 < world_size <= gpus else "gloo"
+        return "nccl" if 0 < world_size <= gpus else "gloo"
     return backend
 
 
@@ -104,7 +109,7 @@ def warm_up():
 
 def describe_launch(world_size, backend="auto"):
     """What `spawn` does to make a group, as a dict a lecture can print."""
-    backend = check_args(print, world_size, backend)
+    backend = resolve_backend(world_size, backend)
     return {"start": "fork of a server process that imported torch once (helpers/_worker.py)",
             "rendezvous": f"TCPStore on 127.0.0.1:{_store().port} hosted by this process "
                           "(port chosen by the OS), a fresh key prefix per launch",
@@ -378,9 +383,7 @@ def _run_in_place(fn, world_size, args, backend):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
     if not dist.is_initialized():
-        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        if backend == "auto":
-            backend = "nccl" if 0 < local_size <= gpu_count() else "gloo"
+        backend = resolve_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)), backend)
         if backend == "nccl":
             torch.cuda.set_device(local)
         dist.init_process_group(backend)

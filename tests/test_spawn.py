@@ -207,6 +207,7 @@ def test_a_value_that_cannot_be_sent_back_is_named():
     (dict(world_size=2, threads=0), "threads"),
     (dict(world_size=2, fn=42), "needs a function"),
     (dict(world_size=None, backend="nccl"), "nccl needs one GPU per rank"),
+    (dict(world_size=2, args=(__import__("threading").Lock(),)), "cannot be sent to the ranks"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(monkeypatch, kwargs, words):
     if kwargs.get("backend") == "nccl":
@@ -361,14 +362,19 @@ def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
             return x + OFFSET
         """,
         """
+        from dataclasses import dataclass
+        @dataclass
+        class Point:
+            rank: int
+            total: float
         def fn(rank, world_size, x):
             t = torch.tensor([helper(float(rank))])
             dist.all_reduce(t)
             print(f"sum is {t.item()}")
-            return t.item() * x
+            return Point(rank, t.item() * x)
         values = spawn(fn, 2, args=(3.0,))
-        assert values == [3.0 * 21.0] * 2, values
-        print("values", values)
+        assert [(p.rank, p.total) for p in values] == [(0, 63.0), (1, 63.0)], values
+        print("values", [p.total for p in values])
         """,
         """
         def broken(rank, world_size):
