@@ -23,10 +23,13 @@ def parameters_cell(path):
 
 
 def runs():
+    out = []
     for path in NOTEBOOKS:
-        yield pytest.param(path, {}, id=path.name)
+        out.append(pytest.param(path, {}, id=path.name))
         for extra in EXTRA_RUNS.get(path.name, []):
-            yield pytest.param(path, extra, id=f"{path.name}-" + "-".join(f"{k}={v}" for k, v in extra.items()))
+            name = "-".join(f"{k}={v}" for k, v in extra.items())
+            out.append(pytest.param(path, extra, id=f"{path.name}-{name}"))
+    return out
 
 
 def test_there_are_lectures():
