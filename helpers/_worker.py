@@ -24,9 +24,19 @@ from multiprocessing.connection import Connection
 import cloudpickle
 
 
+# Imported once by the server, inherited by every rank. torch.distributed.tensor is here because
+# cloudpickle lists it as a submodule to import whenever the notebook has loaded it (assert_close
+# does) and a function uses `dist` and the name `tensor`: 1-4 s per rank per launch otherwise. The
+# rest are what the later lectures' ranks import (DDP, ZeRO, FSDP, pipelining).
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.nn.parallel",
+           "torch.distributed.optim", "torch.distributed.fsdp", "torch.distributed.pipelining")
+
+
 def serve(ctl_fd):
-    import torch  # noqa: F401  (imported once here, inherited by every rank)
-    import torch.distributed  # noqa: F401
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
 
     ctl = socket.socket(fileno=ctl_fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the ranks: no zombies

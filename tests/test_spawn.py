@@ -238,6 +238,16 @@ def test_ranks_are_forks_of_a_server_that_imported_torch_not_of_the_caller():
         assert "libtorch" in open(f"/proc/{server}/maps").read()  # torch was imported before forking
 
 
+def test_ranks_inherit_the_heavy_torch_modules_instead_of_importing_them():
+    from helpers._worker import PRELOAD
+
+    def fn(rank, world_size):
+        return sorted(sys.modules)
+
+    (modules,) = spawn(fn, 1)
+    assert set(PRELOAD) <= set(modules)  # fn itself imports nothing: the fork brought them
+
+
 def test_one_thread_per_rank_by_default_and_more_on_request():
     threads = lambda rank, world_size: (torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])  # noqa: E731
     assert spawn(threads, 2) == [(1, "1")] * 2
