@@ -27,9 +27,11 @@ import cloudpickle
 # Imported once by the server, inherited by every rank. torch.distributed.tensor is here because
 # cloudpickle lists it as a submodule to import whenever the notebook has loaded it (assert_close
 # does) and a function uses `dist` and the name `tensor`: 1-4 s per rank per launch otherwise. The
-# rest are what the later lectures' ranks import (DDP, ZeRO, FSDP, pipelining).
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.nn.parallel",
-           "torch.distributed.optim", "torch.distributed.fsdp", "torch.distributed.pipelining")
+# rest are what the later lectures' ranks import (DDP, ZeRO, FSDP, pipelining); DDP's constructor and
+# torch.optim's first step import torch._dynamo lazily, another 3-5 s per rank on 2 cores.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo",
+           "torch.nn.parallel", "torch.optim", "torch.distributed.optim", "torch.distributed.fsdp",
+           "torch.distributed.pipelining")
 
 
 def serve(ctl_fd):
