@@ -39,7 +39,8 @@ def execute(src, dst, smoke):
     params = {"SMOKE": True} if smoke else {}
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=params, cwd=str(src.parent),
-                                   kernel_name="python3", progress_bar=False)
+                                   kernel_name="python3", progress_bar=False,
+                                   execution_timeout=1800)  # a hung cell fails, not the whole build
         return None
     except papermill.PapermillExecutionError as e:
         return f"cell {e.exec_count}: {e.ename}: {e.evalue}"

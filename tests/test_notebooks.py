@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Lectures whose issue asks for more than the default world size in CI.
 EXTRA_RUNS = {"01_collectives.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}]}
+CELL_TIMEOUT_S = 300  # a cell that hangs fails the run (and names itself) instead of stalling CI
 
 
 def cells(path):
@@ -46,7 +47,7 @@ def test_notebook_executes_headless(path, extra, tmp_path):
     try:
         papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=params,
                                    cwd=str(path.parent), kernel_name="python3", progress_bar=False,
-                                   log_output=False)
+                                   log_output=False, execution_timeout=CELL_TIMEOUT_S)
     except papermill.PapermillExecutionError as e:
         source = "\n".join("    " + line for line in e.source.splitlines()[:12])
         tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback[-12:]))
