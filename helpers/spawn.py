@@ -43,7 +43,7 @@ class SpawnTimeout(SpawnError, TimeoutError):
 
 def spawn(fn, world_size, args=(), backend="auto", timeout=120, threads=1):
     """Run fn(rank, world_size, *args) on `world_size` ranks; return their values in rank order."""
-    if _under_torchrun():
+    if under_torchrun():
         return _run_in_place(fn, world_size, args, backend)
     backend = check_args(fn, world_size, backend, timeout, threads)
     payload = _dumps_by_value((fn, tuple(args)))
@@ -365,7 +365,8 @@ def _dumps_by_value(obj):
 
 # --------------------------------------------------------------------------------- under torchrun
 
-def _under_torchrun():
+def under_torchrun():
+    """True in a process that torchrun started (and not in one of spawn's own ranks)."""
     env = os.environ
     return all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) \
         and "HELPERS_SPAWN_RANK" not in env

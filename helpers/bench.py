@@ -1,0 +1,524 @@
+"""Measuring collectives the way nccl-tests does, from a notebook or from the command line.
+
+    from helpers import bench
+    rows = bench.sweep(["all_reduce", "all_gather"], world_sizes=[2, 4],
+                       sizes=bench.size_range("1K", "64M", 2), warmup=5, iters=20)
+    bench.table(rows)                       # size count type redop root time algbw busbw #wrong
+
+The conventions (those of nccl-tests, so that the numbers compare with the field):
+- a size sweep from min to max bytes, multiplied by `factor` each step (powers of two by default);
+- `warmup` untimed runs first (the first collective builds the connections);
+- then `iters` timed runs, each preceded by a barrier, each timed on every rank (CUDA events on a
+  GPU, perf_counter on the CPU); per run the slowest rank's time counts (max over ranks), and the
+  median and spread (10th and 90th percentiles) of those are reported;
+- algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);
+- every benchmarked collective is checked: inputs hold small integers, so the result is exact in
+  any order of summation, and the elements that differ from the expected result are counted
+  (nccl-tests' `#wrong`).
+
+Any callable can be benchmarked in place of the library's collective, as long as it has the same
+meaning: pass `{"my ring": ("all_reduce", my_ring_all_reduce)}` and the harness makes the buffers,
+times it, checks it and reports it with all_reduce's busbw factor. The signatures, per meaning:
+    all_reduce(tensor)            in place, sum over ranks
+    reduce(tensor, root)          in place, the sum lands on root
+    broadcast(tensor, root)       in place, root's values everywhere
+    all_gather(output, input)     output (K*c elements) = every rank's input (c elements), in rank order
+    reduce_scatter(output, input) output (c elements) = this rank's chunk of the sum of the inputs (K*c)
+    send_recv(send, recv)         send to rank+1, receive from rank-1 (a ring shift)
+
+Command line (the same harness; standalone it starts its ranks with helpers.spawn, under torchrun it
+runs in the ranks torchrun started):
+    python -m helpers.bench --world-size 2 -b 1K -e 64M -f 2 --out results.json
+    torchrun --nproc-per-node 2 -m helpers.bench -b 1K -e 64M -f 2 --out results.json
+"""
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import socket
+import sys
+import time
+
+from helpers.spawn import under_torchrun
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
+ROOTED = ("broadcast", "reduce")
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+COLUMNS = ("collective", "world_size", "backend", "size", "count", "type", "redop", "root",
+           "time_us", "p10_us", "p90_us", "algbw", "busbw", "wrong", "iters")
+FORMAT = "helpers.bench/1"
+
+
+# --------------------------------------------------------------------------------- sizes
+
+def parse_size(text):
+    """'64M' -> 67108864, '1K' -> 1024, '4096' -> 4096 (K, M, G are powers of 1024, as in nccl-tests)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(s[-1:], 1)
+    try:
+        return int(float(s[:-1] if scale > 1 else s) * scale)
+    except ValueError:
+        raise ValueError(f"cannot read a size from {text!r}; write e.g. 4096, 64K, 16M or 1G.") from None
+
+
+def size_range(min_bytes="1K", max_bytes="64M", factor=2):
+    """min, min*factor, ... up to max (inclusive): nccl-tests' -b/-e/-f sweep."""
+    lo, hi = parse_size(min_bytes), parse_size(max_bytes)
+    if lo < 1 or hi < lo:
+        raise ValueError(f"need 1 <= min_bytes <= max_bytes, got {lo} and {hi}.")
+    if factor <= 1:
+        raise ValueError(f"the step factor must be > 1, got {factor}.")
+    out, n = [], lo
+    while n <= hi:
+        out.append(int(n))
+        n = n * factor
+    return out
+
+
+# ------------------------------------------------------------------------- inside one rank
+
+CHECK_BLOCK = 2**22  # elements compared at a time by the correctness check (bounds its memory)
+
+
+def _pattern(rank, count, dtype, dev, start=0):
+    """Elements start..start+count of what rank `rank` contributes: small integers (0..15), exact
+    in every dtype and in any order of summation."""
+    import torch
+
+    i = torch.arange(start, start + count, dtype=torch.int64, device=dev)
+    return ((i + 3 * rank) % 16).to(dtype)
+
+
+class _Case:
+    """The buffers, the call and the check of one collective at one size on one rank."""
+
+    def __init__(self, kind, nbytes, k, rank, dtype, dev, fn=None):
+        import torch
+
+        self.kind, self.k, self.rank, self.dtype, self.dev = kind, k, rank, dtype, dev
+        item = torch.empty((), dtype=dtype).element_size()
+        count = max(1, nbytes // item)
+        if kind in ("all_gather", "reduce_scatter"):
+            count = max(k, count // k * k)  # the full array splits evenly, as in nccl-tests
+        self.count, self.nbytes, self.chunk = count, count * item, count // k
+        self.fn = fn or _library(kind)
+        if kind in ("all_reduce", "reduce", "broadcast"):
+            src = _pattern(rank, count, dtype, dev) if kind != "broadcast" or rank == 0 \
+                else torch.zeros(count, dtype=dtype, device=dev)
+            self.src, self.buf = src, src.clone()
+        elif kind == "all_gather":
+            self.inp = _pattern(rank, self.chunk, dtype, dev)
+            self.out = torch.zeros(count, dtype=dtype, device=dev)
+        elif kind == "reduce_scatter":
+            self.inp = _pattern(rank, count, dtype, dev)
+            self.out = torch.zeros(self.chunk, dtype=dtype, device=dev)
+        elif kind == "send_recv":
+            self.inp = _pattern(rank, count, dtype, dev)
+            self.out = torch.zeros(count, dtype=dtype, device=dev)
+        else:
+            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}.")
+
+    def reset(self):
+        """Restore the inputs an in-place collective overwrote (untimed)."""
+        if self.kind in ("all_reduce", "reduce") or (self.kind == "broadcast" and self.rank != 0):
+            self.buf.copy_(self.src)
+
+    def run(self):
+        if self.kind in ("all_reduce",):
+            self.fn(self.buf)
+        elif self.kind in ROOTED:
+            self.fn(self.buf, 0)
+        elif self.kind == "send_recv":
+            self.fn(self.inp, self.out)
+        else:
+            self.fn(self.out, self.inp)
+
+    def wrong(self):
+        """How many elements of this rank's result differ from the expected result (#wrong)."""
+        import torch
+
+        k, dev = self.k, self.dev
+        if self.kind == "reduce" and self.rank != 0:
+            return 0  # only the root's result is defined
+        if self.kind in ("all_reduce", "reduce", "broadcast"):
+            got, offset = self.buf, 0
+        elif self.kind == "reduce_scatter":
+            got, offset = self.out, self.rank * self.chunk
+        else:
+            got, offset = self.out, 0
+        wrong = 0
+        for start in range(0, got.numel(), CHECK_BLOCK):
+            part = got[start:start + CHECK_BLOCK]
+            n, first = part.numel(), offset + start
+            if self.kind in REDUCING:
+                want = sum(_pattern(r, n, torch.float64, dev, first) for r in range(k))
+                wrong += int((part.double() != want).sum())
+                continue
+            if self.kind == "broadcast":
+                want = _pattern(0, n, self.dtype, dev, first)
+            elif self.kind == "send_recv":
+                want = _pattern((self.rank - 1) % k, n, self.dtype, dev, first)
+            else:  # all_gather: element j came from rank j // chunk, its element j % chunk
+                j = torch.arange(first, first + n, device=dev)
+                want = ((j % self.chunk + 3 * (j // self.chunk)) % 16).to(self.dtype)
+            wrong += int((part != want).sum())
+        return wrong
+
+
+def _library(kind):
+    """torch.distributed's own collective with the harness's signature for `kind`."""
+    import torch.distributed as dist
+
+    if kind == "all_reduce":
+        return lambda t: dist.all_reduce(t)
+    if kind == "reduce":
+        return lambda t, root: dist.reduce(t, root)
+    if kind == "broadcast":
+        return lambda t, root: dist.broadcast(t, root)
+    if kind == "all_gather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda out, inp: gather(out, inp)
+    if kind == "reduce_scatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda out, inp: scatter(out, inp)
+    if kind == "send_recv":
+        return _send_recv
+    raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}.")
+
+
+def _send_recv(send, recv):
+    """nccl-tests' sendrecv: every rank sends to the next and receives from the previous one."""
+    import torch.distributed as dist
+
+    rank, k = dist.get_rank(), dist.get_world_size()
+    if k == 1:
+        recv.copy_(send)
+        return
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % k), dist.P2POp(dist.irecv, recv, (rank - 1) % k)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
+def _time_once(case, dev):
+    """Barrier, then one timed call of the collective on this rank (seconds)."""
+    import torch
+    import torch.distributed as dist
+
+    from helpers.timing import sync
+
+    case.reset()
+    sync(dev)
+    dist.barrier()
+    sync(dev)
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        case.run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    case.run()
+    return time.perf_counter() - t0
+
+
+def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", check=True,
+                 progress=False, interleave=False):
+    """Run in every rank: for each (label, kind, fn) in plan and each size, this rank's timings.
+
+    interleave=True measures all of the plan at one size together, taking turns run by run, so that
+    a change in the machine's load (other programs) hits every collective alike: use it to compare.
+    Returns {"host", "backend", "rows": [{label, kind, size, count, times (s), wrong}]}.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from helpers.spawn import device
+
+    dev = device()
+    dt = getattr(torch, dtype)
+    groups = [(plan, n) for n in sizes] if interleave else [([p], n) for p in plan for n in sizes]
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(groups), desc="bench", unit="step", file=sys.stderr)
+    rows = []
+    for group, nbytes in groups:
+        cases = [_Case(kind, nbytes, world_size, rank, dt, dev, fn) for _, kind, fn in group]
+        for case in cases:
+            for _ in range(warmup):
+                case.reset()
+                case.run()
+        times = [[] for _ in cases]
+        for _ in range(iters):
+            for case, samples in zip(cases, times):
+                samples.append(_time_once(case, dev))
+        for (label, kind, _), case, samples in zip(group, cases, times):
+            rows.append({"label": label, "kind": kind, "size": case.nbytes, "count": case.count,
+                         "times": samples, "wrong": case.wrong() if check else -1})
+        del cases
+        if bar is not None:
+            bar.set_postfix_str(f"{group[0][0]} {human_size(nbytes)}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return {"host": socket.gethostname(), "backend": dist.get_backend(), "rows": rows}
+
+
+# ------------------------------------------------------------------------ in the caller
+
+def _plan(collectives):
+    """['all_reduce', ...] or {label: kind or (kind, fn)} -> [(label, kind, fn or None)]."""
+    if isinstance(collectives, str):
+        collectives = [collectives]
+    items = collectives.items() if isinstance(collectives, dict) else ((c, c) for c in collectives)
+    plan = []
+    for label, what in items:
+        kind, fn = (what, None) if isinstance(what, str) else tuple(what)
+        if kind not in COLLECTIVES:
+            raise ValueError(f"{label!r}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}.")
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{label!r}: the function to benchmark must be callable, got {fn!r}.")
+        plan.append((label, kind, fn))
+    return plan
+
+
+def combine(per_rank, world_size, dtype="float32"):
+    """Per-rank timings -> one row per (collective, size): the slowest rank per run, then median."""
+    from helpers.cost import algbw, busbw
+    from helpers.timing import summary
+
+    backend = per_rank[0]["backend"]
+    out = []
+    for i, row in enumerate(per_rank[0]["rows"]):
+        slowest = [max(r["rows"][i]["times"][j] for r in per_rank) for j in range(len(row["times"]))]
+        s = summary(slowest)
+        wrong = sum(r["rows"][i]["wrong"] for r in per_rank) if row["wrong"] >= 0 else -1
+        out.append({"collective": row["label"], "kind": row["kind"], "world_size": world_size,
+                    "backend": backend, "size": row["size"], "count": row["count"], "type": dtype,
+                    "redop": "sum" if row["kind"] in REDUCING else "none",
+                    "root": 0 if row["kind"] in ROOTED else -1,
+                    "time_us": s["median"] * 1e6, "p10_us": s["p10"] * 1e6, "p90_us": s["p90"] * 1e6,
+                    "algbw": algbw(row["size"], s["median"]),
+                    "busbw": busbw(row["kind"], row["size"], s["median"], world_size),
+                    "wrong": wrong, "iters": len(slowest),
+                    "times_us": [t * 1e6 for t in slowest]})
+    return out
+
+
+def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, iters=20,
+          dtype="float32", backend="auto", check=True, progress=True, timeout=600, threads=1,
+          interleave=False):
+    """Measure `collectives` at every size on every world size; one row per (collective, K, size).
+
+    collectives: names from COLLECTIVES, or {label: kind or (kind, callable)} to benchmark your own
+    implementation with the meaning of `kind` (signatures in the module docstring).
+    Each (collective, world size) is one launch of helpers.spawn; a progress bar follows them.
+    interleave=True: one launch per world size, the collectives taking turns run by run (fair
+    comparisons on a machine whose load changes). Under torchrun the sweep runs in place on the
+    ranks torchrun started (world_sizes is ignored).
+    """
+    from helpers.spawn import spawn
+
+    plan = _plan(collectives)
+    sizes = list(sizes or size_range())
+    if not (isinstance(iters, int) and iters >= 1 and isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"need iters >= 1 and warmup >= 0 (whole numbers), got {iters} and {warmup}.")
+    if isinstance(world_sizes, int):
+        world_sizes = [world_sizes]
+    rows = []
+    if under_torchrun():
+        k = int(os.environ["WORLD_SIZE"])
+        per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress,
+                                                interleave), backend=backend)
+        return combine(per_rank, k, dtype)
+    jobs = [(k, plan) for k in world_sizes] if interleave else \
+        [(k, [p]) for k in world_sizes for p in plan]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="sweep", unit="launch")
+    try:
+        for k, group in jobs:
+            if bar is not None:
+                bar.set_postfix_str(f"{', '.join(g[0] for g in group)} on {k} ranks")
+            per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False,
+                                                    interleave),
+                             backend=backend, timeout=timeout, threads=threads)
+            rows += combine(per_rank, k, dtype)
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    return rows
+
+
+# ---------------------------------------------------------------------------- printing, files
+
+def human_size(n):
+    """67108864 -> "64M", 4096 -> "4K" (the way -b/-e take sizes); other numbers as they are."""
+    for unit, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def table(rows, spread=True):
+    """Print rows as nccl-tests does: size count type redop root time algbw busbw #wrong.
+
+    One block per (collective, world size, backend); time in microseconds (the slowest rank's median,
+    with its 10th-90th percentile spread when `spread`), bandwidths in GB/s.
+    """
+    from helpers.report import table as print_table
+
+    blocks = {}
+    for r in rows:
+        blocks.setdefault((r["collective"], r["world_size"], r["backend"]), []).append(r)
+    for (name, k, backend), block in blocks.items():
+        print(f"# {name} on {k} ranks ({backend}), {block[0]['iters']} timed runs per size, "
+              "time = median of the slowest rank")
+        cols = ["size", "count", "type", "redop", "root", "time(us)"] + \
+            (["p10-p90(us)"] if spread else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+        shown = [{"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"],
+                  "root": r["root"], "time(us)": f"{r['time_us']:.1f}",
+                  "p10-p90(us)": f"{r['p10_us']:.0f}-{r['p90_us']:.0f}",
+                  "algbw(GB/s)": f"{r['algbw']:.3f}", "busbw(GB/s)": f"{r['busbw']:.3f}",
+                  "#wrong": r["wrong"] if r["wrong"] >= 0 else "n/a"} for r in block]
+        print_table(shown, cols)
+        print()
+
+
+def metadata(world_size=None, backend=None, hosts=None, params=None, command=None):
+    """What a results file says about where and how it was measured."""
+    from helpers.machine import describe
+
+    return {"format": FORMAT, "machine": describe(), "hosts": hosts or [socket.gethostname()],
+            "world_size": world_size, "backend": backend,
+            "launcher": "torchrun" if under_torchrun() else "helpers.spawn",
+            "command": command or " ".join(sys.argv), "params": params or {},
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def save(rows, path, meta=None):
+    """Write rows and the machine description to `path`: JSON (.json) or CSV (.csv, meta as # lines)."""
+    meta = meta or metadata()
+    if str(path).endswith(".csv"):
+        buf = io.StringIO()
+        for key, value in meta.items():
+            buf.write(f"# {key}: {json.dumps(value)}\n")
+        w = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["kind", "times_us"], lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{c: r[c] for c in COLUMNS}, "kind": r["kind"],
+                        "times_us": " ".join(f"{t:.3f}" for t in r["times_us"])})
+        text = buf.getvalue()
+    else:
+        text = json.dumps({**meta, "rows": rows}, indent=1)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def load(path):
+    """Read a results file written by save(): returns (rows, meta)."""
+    with open(path) as f:
+        text = f.read()
+    if not str(path).endswith(".csv"):
+        data = json.loads(text)
+        rows = data.pop("rows")
+        return rows, data
+    meta, lines = {}, []
+    for line in text.splitlines():
+        if line.startswith("# ") and ": " in line:
+            key, value = line[2:].split(": ", 1)
+            meta[key] = json.loads(value)
+        elif line.strip():
+            lines.append(line)
+    rows = []
+    for r in csv.DictReader(lines):
+        row = dict(r)
+        for c in ("world_size", "size", "count", "root", "wrong", "iters"):
+            row[c] = int(row[c])
+        for c in ("time_us", "p10_us", "p90_us", "algbw", "busbw"):
+            row[c] = float(row[c])
+        row["times_us"] = [float(t) for t in row["times_us"].split()]
+        rows.append(row)
+    return rows, meta
+
+
+# ------------------------------------------------------------------------------ the command
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.bench",
+        description="Benchmark collectives as nccl-tests does (size sweep, warm-up, barrier, slowest "
+                    "rank, median, algbw/busbw, #wrong) and write a results file. Standalone it starts "
+                    "--world-size ranks itself; under `torchrun --nproc-per-node N -m helpers.bench` "
+                    "it runs in the ranks torchrun started (any number of nodes).")
+    p.add_argument("-c", "--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast",
+                   help=f"comma-separated, from {','.join(COLLECTIVES)}, or 'all' (default: %(default)s)")
+    p.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default: %(default)s)")
+    p.add_argument("-e", "--max-bytes", default="64M", help="largest size (default: %(default)s)")
+    p.add_argument("-f", "--factor", type=float, default=2, help="size step factor (default: 2)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed runs per size (default: 5)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed runs per size (default: 20)")
+    p.add_argument("-d", "--dtype", default="float32", help="element type (default: float32)")
+    p.add_argument("--world-size", type=int, default=2,
+                   help="ranks to start when not under torchrun (default: 2)")
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--no-check", action="store_true", help="skip the #wrong correctness check")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-o", "--out", default=None, help="results file, .json or .csv (default: none)")
+    a = p.parse_args(argv)
+    names = COLLECTIVES if a.collectives == "all" else [c.strip() for c in a.collectives.split(",") if c.strip()]
+    torchrun = under_torchrun()
+    k = int(os.environ["WORLD_SIZE"]) if torchrun else a.world_size
+    rank = int(os.environ.get("RANK", 0)) if torchrun else 0
+    if a.out and not (a.out.endswith(".json") or a.out.endswith(".csv")):
+        p.error(f"--out must end in .json or .csv, got {a.out!r}")  # every rank stops alike
+    unknown = [n for n in names if n not in COLLECTIVES]
+    if unknown:
+        p.error(f"unknown collective(s) {unknown}; choose from {', '.join(COLLECTIVES)} or 'all'")
+    sizes = size_range(a.min_bytes, a.max_bytes, a.factor)
+    hosts = []
+    if torchrun:
+        from helpers.spawn import spawn  # under torchrun: joins the group, runs in this process
+
+        plan = _plan(list(names))
+        per_rank = spawn(measure_rank, k, args=(plan, sizes, a.warmup, a.iters, a.dtype,
+                                                not a.no_check, not a.no_progress), backend=a.backend)
+        rows = combine(per_rank, k, a.dtype)
+        hosts = sorted({r["host"] for r in per_rank})
+    else:
+        rows = sweep(list(names), [k], sizes, a.warmup, a.iters, a.dtype, a.backend,
+                     not a.no_check, not a.no_progress)
+    if rank != 0:
+        return rows
+    from helpers.machine import banner
+
+    print(banner(k, rows[0]["backend"] if rows else a.backend))
+    table(rows)
+    wrong = sum(max(r["wrong"], 0) for r in rows)
+    print(f"# out-of-bounds values: {wrong} ({'OK' if wrong == 0 else 'WRONG RESULTS'})")
+    if a.out:
+        params = {"collectives": list(names), "sizes": sizes, "warmup": a.warmup, "iters": a.iters,
+                  "dtype": a.dtype, "check": not a.no_check}
+        args = " ".join(sys.argv[1:] if argv is None else argv)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", k))
+        command = (f"torchrun --nnodes {k // local} --nproc-per-node {local} -m helpers.bench {args}"
+                   if torchrun else f"python -m helpers.bench {args}")
+        save(rows, a.out, metadata(k, rows[0]["backend"] if rows else a.backend, hosts or None, params,
+                                   command))
+        print(f"# results written to {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The cost models and the collective benchmark harness (helpers/cost.py, helpers/bench.py)."""
+import math
+
+import pytest
+import torch.distributed as dist
+
+from helpers import bench, cost
+
+
+def test_size_range_and_sizes_as_written():
+    assert bench.size_range("1K", "4K", 2) == [1024, 2048, 4096]
+    assert bench.parse_size("64M") == 64 * 2**20 and bench.human_size(64 * 2**20) == "64M"
+
+
+@pytest.mark.parametrize("collective, k, factor", [
+    ("all_reduce", 4, 1.5), ("all_reduce", 2, 1.0), ("all_gather", 4, 0.75),
+    ("reduce_scatter", 8, 7 / 8), ("broadcast", 4, 1.0), ("reduce", 4, 1.0), ("send_recv", 4, 1.0)])
+def test_busbw_factors_are_those_of_nccl_tests(collective, k, factor):
+    assert cost.busbw_factor(collective, k) == pytest.approx(factor)
+    assert cost.busbw(collective, 1e9, 1.0, k) == pytest.approx(factor * cost.algbw(1e9, 1.0))
+
+
+def test_ring_models_follow_their_formulas():
+    n, k, bw = 2**20, 4, 1e9
+    assert cost.ring_broadcast(n, k, bw) == pytest.approx((k - 1) * n / bw)
+    assert cost.chunked_ring_broadcast(n, k, 1, bw) == pytest.approx(cost.ring_broadcast(n, k, bw))
+    assert cost.chunked_ring_broadcast(n, k, 8, bw) == pytest.approx((k - 2 + 8) * n / (8 * bw))
+    assert cost.ring_all_reduce(n, k, bw) == pytest.approx(2 * (k - 1) / k * n / bw)
+    assert cost.chunked_ring_broadcast(n, k, 10**6, bw) == pytest.approx(n / bw, rel=1e-4)
+
+
+def test_the_alpha_beta_fit_recovers_exact_parameters():
+    sizes = [2**i for i in range(10, 27)]
+    fit = cost.fit_alpha_beta(sizes, [20e-6 + n / 3e9 for n in sizes])
+    assert fit.alpha == pytest.approx(20e-6, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(3e9, rel=1e-6)
+    assert fit.half_size == pytest.approx(20e-6 * 3e9, rel=1e-6)
+    assert fit.median_relative_error() < 1e-9
+
+
+def test_the_fit_stays_physical():
+    fit = cost.fit_alpha_beta([1, 2, 4], [1.0, 0.95, 0.9])  # noise that falls with size: no negative
+    assert fit.beta == 0 and 0.9 < fit.alpha < 1.0 and math.isinf(fit.bandwidth)  # bandwidth
+
+
+def test_a_sweep_checks_results_and_counts_wrong_ones():
+    def broken_all_reduce(tensor):
+        dist.all_reduce(tensor)
+        if dist.get_rank() == 1:
+            tensor[0] += 1  # one wrong element on one rank
+
+    rows = bench.sweep({"library": "all_reduce", "broken": ("all_reduce", broken_all_reduce)},
+                       world_sizes=[2], sizes=[1024, 4096], warmup=1, iters=3, progress=False)
+    by = {(r["collective"], r["size"]): r for r in rows}
+    assert sorted(by) == [("broken", 1024), ("broken", 4096), ("library", 1024), ("library", 4096)]
+    assert all(by[("library", s)]["wrong"] == 0 for s in (1024, 4096))
+    assert all(by[("broken", s)]["wrong"] > 0 for s in (1024, 4096))
+    for r in rows:
+        assert r["iters"] == 3 and r["time_us"] > 0
+        assert r["busbw"] == pytest.approx(r["algbw"] * cost.busbw_factor("all_reduce", 2))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_results_files_round_trip(tmp_path, suffix):
+    rows = bench.sweep(["broadcast"], world_sizes=[2], sizes=[1024], warmup=1, iters=2, progress=False)
+    path = bench.save(rows, tmp_path / f"r{suffix}", bench.metadata(world_size=2, backend="gloo"))
+    back, meta = bench.load(path)
+    assert meta["world_size"] == 2 and "cpu" in str(meta)
+    assert [r["size"] for r in back] == [1024] and back[0]["wrong"] == 0
+    assert back[0]["busbw"] == pytest.approx(rows[0]["busbw"], rel=1e-6)
