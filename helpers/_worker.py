@@ -114,9 +114,7 @@ def _run(req):
     rank, world_size, backend = req["rank"], req["world_size"], req["backend"]
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    store = dist.TCPStore(req["host"], req["port"], is_master=False,
-                          timeout=timedelta(seconds=req["timeout"]))
-    dist.init_process_group(backend, store=dist.PrefixStore(req["prefix"], store), rank=rank,
+    dist.init_process_group(backend, store=dist.FileStore(req["store"], world_size), rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=req["timeout"]))
     value = fn(rank, world_size, *args)
     return _to_cpu(value)

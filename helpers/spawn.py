@@ -10,7 +10,10 @@ first. A rank that raises, dies or hangs becomes one readable exception here, an
 running. Under `torchrun` the same call joins the existing group instead and runs `fn` in place.
 
 How it is fast: a fork server (`helpers/_worker.py`) imports torch once; each rank is a fork of it.
-How it avoids fixed ports: this process hosts the rendezvous store on a port the OS picks.
+How ranks find each other: a FileStore in a fresh temporary file per launch (all ranks are on this
+host), so there is no port to collide on. A TCP store was tried first: each connection formats the peer
+address `::ffff:127.0.0.1` with a reverse DNS lookup, and one lookup in ~25 waited out the resolver's
+5 s timeout, stalling a whole launch.
 """
 import atexit
 import linecache
@@ -111,10 +114,10 @@ def describe_launch(world_size, backend="auto"):
     """What `spawn` does to make a group, as a dict a lecture can print."""
     backend = resolve_backend(world_size, backend)
     return {"start": "fork of a server process that imported torch once (helpers/_worker.py)",
-            "rendezvous": f"TCPStore on 127.0.0.1:{_store().port} hosted by this process "
-                          "(port chosen by the OS), a fresh key prefix per launch",
+            "rendezvous": "a FileStore (a key-value store in a fresh temporary file) that every rank "
+                          "opens; torchrun would use a TCPStore at MASTER_ADDR:MASTER_PORT instead",
             "backend": backend, "world_size": world_size,
-            "env per rank": "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"}
+            "env per rank": "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, HELPERS_SPAWN_STORE"}
 
 
 # ---------------------------------------------------------------------------------------- a launch
@@ -123,16 +126,14 @@ class _Launch:
     def __init__(self, world_size, backend, timeout, threads, payload):
         self.world_size, self.timeout = world_size, timeout
         self.pids, self.conns, self.outputs = {}, {}, {}
-        store = _store()
-        prefix = f"launch-{uuid.uuid4().hex}/"
+        self.store = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}.store")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), HELPERS_SPAWN_RANK="1")
+                   HELPERS_SPAWN_STORE=self.store, HELPERS_SPAWN_RANK="1")
         env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         self.base = dict(world_size=world_size, backend=backend, timeout=timeout, threads=threads,
-                         payload=payload, host="127.0.0.1", port=store.port, prefix=prefix,
-                         sys_path=list(sys.path), cwd=os.getcwd())
+                         payload=payload, store=self.store, sys_path=list(sys.path), cwd=os.getcwd())
         self.env = env
 
     def run(self):
@@ -232,6 +233,8 @@ class _Launch:
                 time.sleep(0.005)
         for rank in sorted(self.outputs):
             _print_labelled(rank, self.outputs[rank])
+        if os.path.exists(self.store):
+            os.unlink(self.store)
 
 
 def _print_labelled(rank, path):
@@ -288,7 +291,6 @@ def _kill_group(pid):
 # ------------------------------------------------------------------- process-wide shared pieces
 
 _SERVER = None  # (Popen, control socket)
-_STORE = None
 _TMPDIR = None
 
 
@@ -326,18 +328,6 @@ def _send_to_server(sock):
                 raise
             proc.kill()  # a server that died or broke its socket is replaced once
             proc.wait()
-
-
-def _store():
-    global _STORE
-    if _STORE is None:
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        _STORE = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=300))
-    return _STORE
 
 
 def _tmpdir():

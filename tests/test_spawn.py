@@ -214,7 +214,6 @@ def test_bad_arguments_are_refused_before_any_process_starts(monkeypatch, kwargs
         kwargs["world_size"] = launcher.gpu_count() + 1
     started = []
     monkeypatch.setattr(launcher, "_server", lambda: started.append(1))
-    monkeypatch.setattr(launcher, "_store", lambda: started.append(1))
     fn = kwargs.pop("fn", lambda rank, world_size: None)
     with pytest.raises(ValueError, match=words):
         spawn(fn, **kwargs)
@@ -254,14 +253,18 @@ def test_one_thread_per_rank_by_default_and_more_on_request():
     assert spawn(threads, 2, threads=2) == [(2, "2")] * 2
 
 
-def test_ranks_get_the_usual_environment_and_no_fixed_port():
+def test_ranks_get_the_usual_environment_and_meet_without_a_port():
     def fn(rank, world_size):
-        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        return {k: os.environ[k] for k in keys}
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "HELPERS_SPAWN_STORE")
+        return {k: os.environ[k] for k in keys}, "MASTER_PORT" in os.environ
 
-    a, b = spawn(fn, 2)
+    (a, port_a), (b, port_b) = spawn(fn, 2)
     assert (a["RANK"], b["RANK"], a["WORLD_SIZE"]) == ("0", "1", "2")
-    assert a["MASTER_PORT"] == str(launcher._store().port)  # chosen by the OS, not a constant
+    assert a["HELPERS_SPAWN_STORE"] == b["HELPERS_SPAWN_STORE"]  # one file store per launch
+    assert not os.path.exists(a["HELPERS_SPAWN_STORE"])  # removed afterwards
+    assert not (port_a or port_b)  # nothing listens on a port for the rendezvous
+    (c, _), _ = spawn(fn, 2)
+    assert c["HELPERS_SPAWN_STORE"] != a["HELPERS_SPAWN_STORE"]
 
 
 def test_many_launches_in_a_row_all_succeed():
@@ -269,7 +272,7 @@ def test_many_launches_in_a_row_all_succeed():
         dist.barrier()
         return rank
 
-    for _ in range(25):
+    for _ in range(40):
         assert spawn(fn, 4) == [0, 1, 2, 3]
 
 
