@@ -1,0 +1,111 @@
+"""The lectures follow the same conventions: checked by reading the notebooks' JSON and the solutions.
+
+Each lecture names the one before and after it; has the same parameters (WORLD_SIZE, SMOKE,
+CHECK_SOLUTIONS, other knobs in UPPER_CASE) and set-up (helpers imported, plots.style(), the machine
+banner after validation); prints results with helpers.report; ends with at least three exercises
+graded by checks.check, whose reference solutions live in notebooks/solutions/NN_solutions.py, out of
+the student's notebook, and are asserted by the last cell when CHECK_SOLUTIONS is True.
+"""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def cells(path):
+    return [(c["cell_type"], "".join(c["source"]), c["metadata"].get("tags", []))
+            for c in json.loads(path.read_text())["cells"]]
+
+
+def code(path):
+    return "\n".join(src for kind, src, _ in cells(path) if kind == "code")
+
+
+def exercises(path):
+    """The cells from the '## ... Exercises' heading to the end."""
+    all_cells = cells(path)
+    start = [i for i, (kind, src, _) in enumerate(all_cells)
+             if kind == "markdown" and re.search(r"^#+ .*Exercises", src, re.M)]
+    assert start, f"{path.name}: no '## Exercises' heading"
+    return all_cells[start[-1]:]
+
+
+def functions(source):
+    return {n.name: n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
+
+
+def is_stub(fn):
+    """A function left for the student: its body does nothing but return None."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return all(isinstance(s, ast.Return) and (s.value is None or
+                                              (isinstance(s.value, ast.Constant) and s.value.value is None))
+               for s in body)
+
+
+by_name = pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+
+
+def test_every_lecture_is_here():
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(9)]
+
+
+@pytest.mark.parametrize("i", range(len(NOTEBOOKS)), ids=lambda i: NOTEBOOKS[i].name)
+def test_first_cell_names_the_previous_and_next_lecture(i):
+    kind, first, _ = cells(NOTEBOOKS[i])[0]
+    named = set(re.findall(r"\d\d_[a-z0-9_]+\.ipynb", first))
+    neighbours = {p.name for p in NOTEBOOKS[max(i - 1, 0):i + 2]} - {NOTEBOOKS[i].name}
+    assert kind == "markdown" and named == neighbours, \
+        f"the first cell names {sorted(named)}; it should name exactly {sorted(neighbours)}"
+    assert re.search(r"Previous:\s", first) and re.search(r"Next:\s", first)
+
+
+@by_name
+def test_parameters_cell_has_the_common_names_in_upper_case(path):
+    params = [src for kind, src, tags in cells(path) if "parameters" in tags]
+    assert len(params) == 1, "exactly one cell is tagged 'parameters'"
+    names = [t.id for node in ast.parse(params[0]).body for target in node.targets
+             for t in ([target] if isinstance(target, ast.Name) else target.elts)]
+    assert {"WORLD_SIZE", "SMOKE", "CHECK_SOLUTIONS"} <= set(names)
+    assert all(n.isupper() for n in names), f"knobs are UPPER_CASE: {names}"
+
+
+@by_name
+def test_same_setup_style_banner_and_reporting(path):
+    source = code(path)
+    imported = re.search(r"^from helpers import (.+)$", source, re.M)
+    assert imported and {"checks", "machine", "plots", "report"} <= set(imported[1].replace(" ", "").split(","))
+    assert re.search(r"^from helpers\.spawn import .*\bspawn\b", source, re.M)
+    assert "plots.style()" in source
+    all_cells = cells(path)
+    params = next(i for i, (_, _, tags) in enumerate(all_cells) if "parameters" in tags)
+    validation = all_cells[params + 1][1]
+    assert "checks." in validation and "print(machine.banner(" in validation, \
+        "the cell after the parameters validates them with helpers.checks, then prints machine.banner(...)"
+    assert "report.table(" in source or "report.by_rank(" in source
+
+
+@by_name
+def test_at_least_three_exercises_each_graded_by_checks_check(path):
+    section = exercises(path)
+    text = "\n".join(src for kind, src, _ in section if kind == "markdown")
+    assert len(set(re.findall(r"\*\*Exercise (\d+)", text))) >= 3
+    assert sum(src.count("checks.check(") for kind, src, _ in section if kind == "code") >= 3
+
+
+@by_name
+def test_solutions_live_apart_and_the_last_cell_asserts_them(path):
+    nn = path.name[:2]
+    solutions = NOTEBOOK_DIR / "solutions" / f"{nn}_solutions.py"
+    assert solutions.exists(), f"{solutions} is missing"
+    kind, last, _ = cells(path)[-1]
+    assert kind == "code" and re.search(r"^if CHECK_SOLUTIONS:", last, re.M), "the last cell grades the solutions"
+    assert f'import_module("solutions.{nn}_solutions")' in last and "assert " in last
+    in_notebook = functions(code(path))
+    for name in functions(solutions.read_text()):
+        if name in in_notebook:
+            assert is_stub(in_notebook[name]), f"{path.name} gives away the solution of {name}()"
