@@ -6,17 +6,21 @@ Each notebook in notebooks/ is executed with papermill (full parameters, or SMOK
 --smoke), then rendered by nbconvert with every figure embedded in the page. The site has an index
 in lecture order, prev/next links on every page, and the machine that produced the numbers stated
 at the top. A lecture that fails is still rendered up to its failing cell and named at the end;
-the command then exits non-zero.
+the command then exits non-zero. tests/test_site.py renders the notebooks the tests executed with
+write_site() and opens the pages in headless Chromium.
 """
 import argparse
+import base64
 import html
 import json
+import mimetypes
 import re
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SITE_TITLE = "Distributed training, by running it"
 
 
 def lectures(only=None):
@@ -24,13 +28,29 @@ def lectures(only=None):
     return [p for p in paths if not only or any(p.stem.startswith(o) for o in only)]
 
 
-def title_and_summary(nb_path):
+def title_and_summary(nb_path, limit=420):
+    """The lecture's title and its first paragraph (whole sentences, about `limit` characters)."""
     cells = json.loads(Path(nb_path).read_text())["cells"]
-    text = "".join(cells[0]["source"]) if cells else nb_path.stem
-    lines = [line.strip() for line in text.splitlines()]
-    title = next((line.lstrip("# ") for line in lines if line.startswith("#")), nb_path.stem)
-    summary = next((line for line in lines if line and not line.startswith("#")), "")
-    return title, re.sub(r"[*_`]", "", summary)
+    text = "".join(cells[0]["source"]) if cells else ""
+    title = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")),
+                 Path(nb_path).stem)
+    para = next((p for p in re.split(r"\n\s*\n", text) if p.strip() and not p.lstrip().startswith("#")), "")
+    para = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", " ".join(para.split()))  # [text](url) -> text
+    summary = ""
+    for sentence in re.split(r"(?<=[.?!])\s+(?=[A-Z])", re.sub(r"\*|`", "", para)):
+        if summary and len(summary) + len(sentence) > limit:
+            break
+        summary = f"{summary} {sentence}".strip()
+    return title, summary
+
+
+def machine_line(smoke=False):
+    from helpers import machine
+
+    d = machine.describe()
+    gpus = ", ".join(g["name"] for g in d["gpus"]) or "no GPU"
+    return (f"Executed {time.strftime('%Y-%m-%d')} on {d['cpu']}, {d['cores']} cores, "
+            f"{d['memory_gib']} GiB, {gpus}, torch {d['torch']}" + (" (SMOKE: small sizes)" if smoke else ""))
 
 
 def execute(src, dst, smoke):
@@ -44,18 +64,53 @@ def execute(src, dst, smoke):
         return None
     except papermill.PapermillExecutionError as e:
         return f"cell {e.exec_count}: {e.ename}: {e.evalue}"
+    except Exception as e:  # a cell timeout, a dead kernel: name it, render what ran, go on
+        return f"{type(e).__name__}: {e}"
 
 
-def render(executed, page, nav, machine_line):
+def embed_file(m):
+    """<img src="../images/ring.svg"> (as a markdown cell links it) -> the file as a data: URI."""
+    f = ROOT / "notebooks" / html.unescape(m.group(2))
+    if not f.is_file():
+        return m.group(0)  # left as it is: tests/test_site.py reports it as an image that failed
+    mime = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+    return f'{m.group(1)}data:{mime};base64,{base64.b64encode(f.read_bytes()).decode()}"'
+
+
+def render(executed, page, nav, machine_line, title=None):
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(executed), as_version=4)
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    resources = {"metadata": {"name": title or Path(executed).stem}}
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb, resources=resources)
+    body = re.sub(r'(<img\b[^>]*?\bsrc=")(?!data:|https?:)([^"]+)"', embed_file, body)
     header = (f'<nav style="font:14px sans-serif;padding:8px 16px;border-bottom:1px solid #ddd">'
               f'{nav}<div style="color:#555;margin-top:4px">{html.escape(machine_line)}</div></nav>')
     body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + header, body, count=1)
-    page.write_text(body)
+    Path(page).write_text(body)
+
+
+def write_site(executed, out, machine_line):
+    """Render executed notebooks (in lecture order) into out/: a page each and index.html."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    executed = [Path(p) for p in executed]
+    rows = []
+    for i, nb in enumerate(executed):
+        prev = f'<a href="{executed[i - 1].stem}.html">&larr; {executed[i - 1].stem}</a> | ' if i else ""
+        nxt = f' | <a href="{executed[i + 1].stem}.html">{executed[i + 1].stem} &rarr;</a>' \
+            if i + 1 < len(executed) else ""
+        title, summary = title_and_summary(nb)
+        render(nb, out / f"{nb.stem}.html", f'{prev}<a href="index.html">index</a>{nxt}', machine_line, title)
+        rows.append(f'<li><a href="{nb.stem}.html">{html.escape(title)}</a>'
+                    f'<br><span style="color:#555">{html.escape(summary)}</span></li>')
+    (out / "index.html").write_text(
+        f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{SITE_TITLE}</title></head>"
+        "<body style='font:16px/1.5 sans-serif;max-width:760px;margin:2em auto'>"
+        f"<h1>{SITE_TITLE}</h1><p style='color:#555'>{html.escape(machine_line)}</p>"
+        f"<ol start='0'>{''.join(rows)}</ol></body></html>\n")
+    return out / "index.html"
 
 
 def main(argv=None):
@@ -64,40 +119,20 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="run the lectures with SMOKE=True (fast)")
     ap.add_argument("--only", nargs="*", help="lecture file prefixes, e.g. 00 03_bench")
     a = ap.parse_args(argv)
-    from helpers import machine
-
-    out = Path(a.out)
-    executed_dir = out.parent / "executed"
-    out.mkdir(parents=True, exist_ok=True)
+    executed_dir = Path(a.out).parent / "executed"
     executed_dir.mkdir(parents=True, exist_ok=True)
-    d = machine.describe()
-    gpus = ", ".join(g["name"] for g in d["gpus"]) or "no GPU"
-    machine_line = (f"Executed {time.strftime('%Y-%m-%d')} on {d['cpu']}, {d['cores']} cores, "
-                    f"{d['memory_gib']} GiB, {gpus}, torch {d['torch']}"
-                    + (" (SMOKE: small sizes)" if a.smoke else ""))
     paths = lectures(a.only)
-    failed, rows = [], []
+    failed, executed = [], []
     for i, src in enumerate(paths):
         t0 = time.time()
         print(f"[{i + 1}/{len(paths)}] executing {src.name} ...", flush=True)
-        dst = executed_dir / src.name
-        error = execute(src, dst, a.smoke)
+        executed.append(executed_dir / src.name)
+        error = execute(src, executed[-1], a.smoke)
         if error:
             failed.append(f"{src.name}: {error}")
-        prev = f'<a href="{paths[i - 1].stem}.html">&larr; {paths[i - 1].stem}</a> | ' if i else ""
-        nxt = f' | <a href="{paths[i + 1].stem}.html">{paths[i + 1].stem} &rarr;</a>' \
-            if i + 1 < len(paths) else ""
-        render(dst, out / f"{src.stem}.html", f'{prev}<a href="index.html">index</a>{nxt}', machine_line)
-        title, summary = title_and_summary(src)
-        rows.append(f'<li><a href="{src.stem}.html">{html.escape(title)}</a>'
-                    f'<br><span style="color:#555">{html.escape(summary)}</span></li>')
         print(f"    {'FAILED: ' + error if error else 'ok'} ({time.time() - t0:.0f} s)", flush=True)
-    (out / "index.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>Distributed training, by running it</title>"
-        "<body style='font:16px/1.5 sans-serif;max-width:760px;margin:2em auto'>"
-        "<h1>Distributed training, by running it</h1>"
-        f"<p style='color:#555'>{html.escape(machine_line)}</p><ol start='0'>{''.join(rows)}</ol>")
-    print(f"site written to {out}/index.html")
+    index = write_site(executed, a.out, machine_line(a.smoke))
+    print(f"site written to {index}")
     if failed:
         print("These lectures failed:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1

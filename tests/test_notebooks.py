@@ -37,17 +37,27 @@ def test_there_are_lectures():
     assert NOTEBOOKS, "notebooks/ holds no lecture"
 
 
+@pytest.fixture(scope="session")
+def executed_dir(tmp_path_factory):
+    """Each lecture's default run is kept here for tests/test_site.py, which renders the site from
+    them instead of executing every lecture a second time (it names the same folder)."""
+    d = tmp_path_factory.getbasetemp() / "executed"
+    d.mkdir(exist_ok=True)
+    return d
+
+
 @pytest.mark.parametrize("path, extra", runs())
-def test_notebook_executes_headless(path, extra, tmp_path):
+def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
     import papermill
 
     params = {"SMOKE": True, **extra}
     if re.search(r"^CHECK_SOLUTIONS\s*=", parameters_cell(path) or "", re.M):
         params["CHECK_SOLUTIONS"] = True
+    out = (tmp_path if extra else executed_dir) / path.name
     try:
-        papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=params,
-                                   cwd=str(path.parent), kernel_name="python3", progress_bar=False,
-                                   log_output=False, execution_timeout=CELL_TIMEOUT_S)
+        papermill.execute_notebook(str(path), str(out), parameters=params, cwd=str(path.parent),
+                                   kernel_name="python3", progress_bar=False, log_output=False,
+                                   execution_timeout=CELL_TIMEOUT_S)
     except papermill.PapermillExecutionError as e:
         source = "\n".join("    " + line for line in e.source.splitlines()[:12])
         tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback[-12:]))
