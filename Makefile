@@ -3,6 +3,7 @@
 #   make test   unit tests of helpers/ and every notebook executed headless (what CI runs)
 #   make lab    JupyterLab on notebooks/ with the project's environment
 #               (on a remote GPU node: make lab LAB_ARGS="--no-browser --ip=0.0.0.0")
+#   make bench  every performance goal, measured and printed as ratios (bench/*.py)
 #   make clean  remove build/ and .venv/
 # GPU users pick their torch build, e.g.:
 #   make html TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -38,7 +39,7 @@ lab: $(READY)
 	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(READY)
-	$(BIN)/python bench/launch.py
+	for script in launch collectives ddp series; do $(BIN)/python bench/$$script.py || exit 1; done
 
 clean:
 	rm -rf build $(VENV)
