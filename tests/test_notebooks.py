@@ -37,15 +37,6 @@ def test_there_are_lectures():
     assert NOTEBOOKS, "notebooks/ holds no lecture"
 
 
-@pytest.fixture(scope="session")
-def executed_dir(tmp_path_factory):
-    """Each lecture's default run is kept here for tests/test_site.py, which renders the site from
-    them instead of executing every lecture a second time (it names the same folder)."""
-    d = tmp_path_factory.getbasetemp() / "executed"
-    d.mkdir(exist_ok=True)
-    return d
-
-
 @pytest.mark.parametrize("path, extra", runs())
 def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
     import papermill

@@ -70,14 +70,6 @@ addEventListener('load', function () {
 </script>"""
 
 
-@pytest.fixture(scope="session")
-def executed_dir(tmp_path_factory):
-    """The executed notebooks of this session; tests/test_notebooks.py fills the same folder."""
-    d = tmp_path_factory.getbasetemp() / "executed"
-    d.mkdir(exist_ok=True)
-    return d
-
-
 @pytest.fixture(scope="module")
 def browser():
     exe = os.environ.get("CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
