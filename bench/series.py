@@ -15,7 +15,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from helpers import machine  # noqa: E402
-from helpers.site import lectures  # noqa: E402
+from helpers.site import execute, lectures  # noqa: E402
 
 GOAL_S = 6 * 60
 
@@ -25,21 +25,13 @@ def main():
     ap.add_argument("--only", nargs="*", help="lecture prefixes, e.g. 00 05")
     ap.add_argument("--full", action="store_true", help="full parameters instead of SMOKE")
     a = ap.parse_args()
-    import papermill
-
     print(machine.banner())
     print(f"load average before: {os.getloadavg()[0]:.1f}\n")
     rows, out = [], tempfile.mkdtemp(prefix="series-")
     for path in lectures(a.only):
         t0 = time.perf_counter()
-        status = "ok"
-        try:
-            papermill.execute_notebook(str(path), os.path.join(out, path.name),
-                                       parameters={} if a.full else {"SMOKE": True},
-                                       cwd=str(path.parent), kernel_name="python3",
-                                       progress_bar=False, execution_timeout=600)
-        except papermill.PapermillExecutionError as e:
-            status = f"FAILED in cell {e.exec_count}: {e.ename}"
+        error = execute(path, os.path.join(out, path.name), smoke=not a.full)  # as `make html` does
+        status = f"FAILED in {error}" if error else "ok"
         seconds = time.perf_counter() - t0
         rows.append((path.stem, seconds, status))
         print(f"{path.stem:24s} {seconds:7.1f} s  {status}", flush=True)
