@@ -10,36 +10,15 @@ the two variants alternate step by step, and the figure per step is the slowest 
 both medians (with their 10th-90th percentiles) and the ratio. It asserts no timing.
 """
 import argparse
-import ast
-import json
 import os
 import statistics
 import sys
 import time
 
+from lecture import lecture_code, notebook
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOK = os.path.join(ROOT, "notebooks", "05_ddp.ipynb")
 NEEDED = ("broadcast_parameters", "sgd_step", "BucketedDDP")
-
-
-def lecture_code(names=NEEDED, path=NOTEBOOK):
-    """The definitions `names` from the notebook's code cells, as a namespace (imports included)."""
-    with open(path) as f:
-        cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
-    imports, defs = [], {}
-    for cell in cells:
-        src = "".join(cell["source"])
-        for node in ast.parse(src).body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                imports.append(ast.get_source_segment(src, node))
-            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
-                defs[node.name] = ast.get_source_segment(src, node)
-    missing = [n for n in names if n not in defs]
-    if missing:
-        raise SystemExit(f"{path} does not define {missing}.")
-    namespace = {"__name__": "lecture05", "LR": 0.1}
-    exec(compile("\n".join(imports + [defs[n] for n in names]), path, "exec"), namespace)
-    return namespace
 
 
 def bench(rank, world_size, lecture, model_kw, batch, cap_mb, steps, warmup):
@@ -100,7 +79,7 @@ def main():
     from helpers import machine, tiny
     from helpers.spawn import spawn
 
-    lecture = lecture_code()
+    lecture = lecture_code(notebook("05_ddp"), NEEDED, constants={"LR": 0.1})
     model_kw = dict(dim=args.dim, hidden=args.hidden, depth=args.depth)
     n_params = sum(p.numel() for p in tiny.model(**model_kw).parameters())
     print(machine.banner(args.world_size))

@@ -11,6 +11,11 @@ The conventions (those of nccl-tests, so that the numbers compare with the field
 - then `iters` timed runs, each preceded by a barrier, each timed on every rank (CUDA events on a
   GPU, perf_counter on the CPU); per run the slowest rank's time counts (max over ranks), and the
   median and spread (10th and 90th percentiles) of those are reported;
+- one departure from nccl-tests, which measures size after size: the runs go in rounds, each round
+  running every size (and, with interleave=True, every collective) once in a freshly shuffled
+  order, so a change in the machine's load falls on all sizes alike. On a shared or virtual
+  machine this is what makes one sweep's sizes comparable with each other (the alpha-beta fit
+  through them went from 13-22% median error to 4-7% on the 2-core machine of the course);
 - algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);
 - every benchmarked collective is checked: inputs hold small integers, so the result is exact in
   any order of summation, and the elements that differ from the expected result are counted
@@ -94,9 +99,14 @@ def _pattern(rank, count, dtype, dev, start=0):
 
 
 class _Case:
-    """The buffers, the call and the check of one collective at one size on one rank."""
+    """The buffers, the call and the check of one collective at one size on one rank.
 
-    def __init__(self, kind, nbytes, k, rank, dtype, dev, fn=None):
+    `pool` (a dict) lets the cases of one collective share buffers, as nccl-tests does: each case
+    uses the first `count` elements of buffers sized for the largest case (make that one first), so a
+    sweep holds a few buffers of the largest size, not of every size.
+    """
+
+    def __init__(self, kind, nbytes, k, rank, dtype, dev, fn=None, pool=None):
         import torch
 
         self.kind, self.k, self.rank, self.dtype, self.dev = kind, k, rank, dtype, dev
@@ -106,26 +116,38 @@ class _Case:
             count = max(k, count // k * k)  # the full array splits evenly, as in nccl-tests
         self.count, self.nbytes, self.chunk = count, count * item, count // k
         self.fn = fn or _library(kind)
+        pool = {} if pool is None else pool
+
+        def buffer(name, n, make):  # the first n elements of the pool's buffer (a prefix of a pattern
+            if name not in pool or pool[name].numel() < n:  # is the pattern of the prefix)
+                pool[name] = make(n)
+            return pool[name][:n]
+
+        pattern = lambda n: _pattern(rank, n, dtype, dev)  # noqa: E731
+        empty = lambda n: torch.empty(n, dtype=dtype, device=dev)  # noqa: E731
+        self.src = self.buf = self.out = None
         if kind in ("all_reduce", "reduce", "broadcast"):
-            src = _pattern(rank, count, dtype, dev) if kind != "broadcast" or rank == 0 \
-                else torch.zeros(count, dtype=dtype, device=dev)
-            self.src, self.buf = src, src.clone()
+            make = pattern if kind != "broadcast" or rank == 0 else \
+                (lambda n: torch.zeros(n, dtype=dtype, device=dev))
+            self.src, self.buf = buffer("src", count, make), buffer("buf", count, empty)
         elif kind == "all_gather":
-            self.inp = _pattern(rank, self.chunk, dtype, dev)
-            self.out = torch.zeros(count, dtype=dtype, device=dev)
+            self.inp, self.out = buffer("inp", self.chunk, pattern), buffer("out", count, empty)
         elif kind == "reduce_scatter":
-            self.inp = _pattern(rank, count, dtype, dev)
-            self.out = torch.zeros(self.chunk, dtype=dtype, device=dev)
+            self.inp, self.out = buffer("inp", count, pattern), buffer("out", self.chunk, empty)
         elif kind == "send_recv":
-            self.inp = _pattern(rank, count, dtype, dev)
-            self.out = torch.zeros(count, dtype=dtype, device=dev)
+            self.inp, self.out = buffer("inp", count, pattern), buffer("out", count, empty)
         else:
             raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}.")
+        self.reset()
 
     def reset(self):
-        """Restore the inputs an in-place collective overwrote (untimed)."""
-        if self.kind in ("all_reduce", "reduce") or (self.kind == "broadcast" and self.rank != 0):
+        """Before each run (untimed): restore the inputs an in-place collective overwrites, and fill
+        outputs with -1, a value no correct result holds (so a call that leaves its output alone,
+        or a value left by another size's run in the shared buffer, counts as wrong)."""
+        if self.buf is not None:
             self.buf.copy_(self.src)
+        if self.out is not None:
+            self.out.fill_(-1)
 
     def run(self):
         if self.kind in ("all_reduce",):
@@ -227,13 +249,18 @@ def _time_once(case, dev):
 
 
 def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", check=True,
-                 progress=False, interleave=False):
+                 progress=False, seed=0):
     """Run in every rank: for each (label, kind, fn) in plan and each size, this rank's timings.
 
-    interleave=True measures all of the plan at one size together, taking turns run by run, so that
-    a change in the machine's load (other programs) hits every collective alike: use it to compare.
+    After `warmup` untimed runs of every case, `iters` rounds; in each round every (collective,
+    size) of the plan runs once, timed, in an order shuffled afresh per round (the same on every
+    rank, from `seed`). So a change in the machine's load, or a cache warmed by the call before,
+    falls on every size and collective alike instead of on one stretch of the sweep. The result of
+    each case's last run is checked (`wrong`).
     Returns {"host", "backend", "rows": [{label, kind, size, count, times (s), wrong}]}.
     """
+    import random
+
     import torch
     import torch.distributed as dist
 
@@ -241,32 +268,34 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
 
     dev = device()
     dt = getattr(torch, dtype)
-    groups = [(plan, n) for n in sizes] if interleave else [([p], n) for p in plan for n in sizes]
+    pools = {label: {} for label, _, _ in plan}  # largest size first: the pool's buffers fit them all
+    cases = {(i, n): _Case(kind, n, world_size, rank, dt, dev, fn, pools[label])
+             for i, (label, kind, fn) in enumerate(plan) for n in sorted(sizes, reverse=True)}
+    for case in cases.values():
+        for _ in range(warmup):
+            case.reset()
+            case.run()
+    times = {key: [] for key in cases}
+    wrong = {key: -1 for key in cases}
+    order, rng = list(cases), random.Random(seed)
     bar = None
     if progress and rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(groups), desc="bench", unit="step", file=sys.stderr)
-    rows = []
-    for group, nbytes in groups:
-        cases = [_Case(kind, nbytes, world_size, rank, dt, dev, fn) for _, kind, fn in group]
-        for case in cases:
-            for _ in range(warmup):
-                case.reset()
-                case.run()
-        times = [[] for _ in cases]
-        for _ in range(iters):
-            for case, samples in zip(cases, times):
-                samples.append(_time_once(case, dev))
-        for (label, kind, _), case, samples in zip(group, cases, times):
-            rows.append({"label": label, "kind": kind, "size": case.nbytes, "count": case.count,
-                         "times": samples, "wrong": case.wrong() if check else -1})
-        del cases
+        bar = tqdm(total=iters, desc="bench", unit="round", file=sys.stderr)
+    for r in range(iters):
+        rng.shuffle(order)
+        for key in order:
+            times[key].append(_time_once(cases[key], dev))
+            if check and r == iters - 1:  # checked at once: the next case may share its buffers
+                wrong[key] = cases[key].wrong()
         if bar is not None:
-            bar.set_postfix_str(f"{group[0][0]} {human_size(nbytes)}")
             bar.update()
     if bar is not None:
         bar.close()
+    rows = [{"label": label, "kind": kind, "size": cases[(i, n)].nbytes, "count": cases[(i, n)].count,
+             "times": times[(i, n)], "wrong": wrong[(i, n)]}
+            for i, (label, kind, _) in enumerate(plan) for n in sizes]
     return {"host": socket.gethostname(), "backend": dist.get_backend(), "rows": rows}
 
 
@@ -318,10 +347,12 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
 
     collectives: names from COLLECTIVES, or {label: kind or (kind, callable)} to benchmark your own
     implementation with the meaning of `kind` (signatures in the module docstring).
-    Each (collective, world size) is one launch of helpers.spawn; a progress bar follows them.
-    interleave=True: one launch per world size, the collectives taking turns run by run (fair
-    comparisons on a machine whose load changes). Under torchrun the sweep runs in place on the
-    ranks torchrun started (world_sizes is ignored).
+    Each (collective, world size) is one launch of helpers.spawn, in which the sizes take turns in a
+    shuffled order round by round (measure_rank); a progress bar follows the launches.
+    interleave=True: one launch per world size, in which the collectives take turns too (fair
+    comparisons between them on a machine whose load changes; it holds every collective's buffers
+    at once). Under torchrun the sweep runs in place on the ranks torchrun started (world_sizes is
+    ignored; every collective in one launch).
     """
     from helpers.spawn import spawn
 
@@ -334,8 +365,8 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
     rows = []
     if under_torchrun():
         k = int(os.environ["WORLD_SIZE"])
-        per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress,
-                                                interleave), backend=backend)
+        per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress),
+                         backend=backend)
         return combine(per_rank, k, dtype)
     jobs = [(k, plan) for k in world_sizes] if interleave else \
         [(k, [p]) for k in world_sizes for p in plan]
@@ -348,8 +379,7 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
         for k, group in jobs:
             if bar is not None:
                 bar.set_postfix_str(f"{', '.join(g[0] for g in group)} on {k} ranks")
-            per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False,
-                                                    interleave),
+            per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False),
                              backend=backend, timeout=timeout, threads=threads)
             rows += combine(per_rank, k, dtype)
             if bar is not None:

@@ -68,3 +68,43 @@ def test_results_files_round_trip(tmp_path, suffix):
     assert meta["world_size"] == 2 and "cpu" in str(meta)
     assert [r["size"] for r in back] == [1024] and back[0]["wrong"] == 0
     assert back[0]["busbw"] == pytest.approx(rows[0]["busbw"], rel=1e-6)
+
+
+def test_every_collective_is_checked_at_every_size_of_a_shared_buffer():
+    # The cases of one collective share buffers sized for the largest (as in nccl-tests), and the
+    # sizes take turns in a shuffled order: the library is right everywhere, and a function that
+    # does nothing is caught at every size, even where an earlier, larger run left right values.
+    def nothing(*args):
+        pass
+
+    kinds = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv"]
+    plan = {**{k: k for k in kinds}, **{f"no-op {k}": (k, nothing) for k in kinds}}
+    rows = bench.sweep(plan, world_sizes=[2], sizes=[1024, 4096, 2**16], warmup=1, iters=3,
+                       progress=False, interleave=True)
+    assert len(rows) == 2 * len(kinds) * 3
+    for r in rows:
+        assert (r["wrong"] > 0) == r["collective"].startswith("no-op"), r
+
+
+def _record_sizes(rank, k, sizes, rounds):
+    calls = []
+
+    def recording_all_reduce(tensor):
+        calls.append(tensor.numel() * 4)
+        dist.all_reduce(tensor)
+
+    plan = [("recorded", "all_reduce", recording_all_reduce)]
+    bench.measure_rank(rank, k, plan, sizes, warmup=1, iters=rounds)
+    return calls
+
+
+def test_rounds_take_the_sizes_in_a_shuffled_order_the_same_on_every_rank():
+    from helpers.spawn import spawn
+
+    sizes, rounds = [1024, 2048, 4096, 8192], 6
+    per_rank = spawn(_record_sizes, 2, args=(sizes, rounds))
+    assert per_rank[0] == per_rank[1]  # the same order on every rank (or the ranks would deadlock)
+    timed = per_rank[0][len(sizes):]  # after one warm-up call per size
+    orders = [timed[i * len(sizes):(i + 1) * len(sizes)] for i in range(rounds)]
+    assert all(sorted(o) == sizes for o in orders)  # every size once per round
+    assert len({tuple(o) for o in orders}) > 1  # and not in the same order every round
