@@ -8,6 +8,11 @@ in lecture order, prev/next links on every page, and the machine that produced t
 at the top. A lecture that fails is still rendered up to its failing cell and named at the end;
 the command then exits non-zero. tests/test_site.py renders the notebooks the tests executed with
 write_site() and opens the pages in headless Chromium.
+
+The maths ($...$, $$...$$, \\begin{...} in markdown cells and outputs) is turned into MathML while
+the page is built, with latex2mathml: browsers draw MathML themselves, so the formulas read on a
+laptop with no network, where nbconvert's MathJax (fetched from a CDN) would leave raw TeX. The
+page does not load MathJax at all.
 """
 import argparse
 import base64
@@ -77,13 +82,75 @@ def embed_file(m):
     return f'{m.group(1)}data:{mime};base64,{base64.b64encode(f.read_bytes()).decode()}"'
 
 
+def tex_to_mathml(tex, display=False):
+    """One formula as MathML, which Chromium, Firefox and Safari draw with no script and no network.
+    One that latex2mathml cannot parse is left as TeX and named on stderr, so the page still builds
+    and tests/test_site.py points at it (raw TeX on the page)."""
+    from latex2mathml.converter import convert
+
+    # latex2mathml draws \xrightarrow{label} with <mpadded> offsets that Chromium does not apply (the
+    # label lands on what follows); \overset draws the same arrow and label cleanly.
+    tex = re.sub(r"\\x(right|left)arrow\{([^{}]*)\}", r"\\overset{\2}{\\long\1arrow}", tex)
+    try:
+        return convert(tex, display="block" if display else "inline")
+    except Exception as e:  # latex2mathml raises its own errors, and IndexError etc. on bad TeX
+        print(f"    maths left as TeX ({type(e).__name__}: {e}): {tex!r}", file=sys.stderr)
+        return html.escape(f"$${tex}$$" if display else f"${tex}$", quote=False)
+
+
+# The lab template without MathJax (the maths is MathML already; offline the CDN script only fails)
+# and with text/latex outputs rendered like markdown, so their $...$ becomes MathML too.
+SITE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{% block data_latex scoped %}
+<div class="jp-RenderedLatex jp-OutputArea-output {{ extra_class }}" data-mime-type="text/latex">
+{{ output.data['text/latex'] | markdown2html }}
+</div>
+{%- endblock data_latex %}
+"""
+
+
+def exporter():
+    """nbconvert's lab HTMLExporter with the maths turned into MathML at build time.
+
+    nbconvert's markdown parser already finds the maths (and leaves code spans and code blocks, where
+    a `$ python ...` is not maths, alone); only its renderer changes: where it writes the TeX back
+    for MathJax, this one writes MathML. markdown2html is nbconvert's own, with that renderer."""
+    import jinja2
+    from nbconvert import HTMLExporter
+    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+    class MathMLRenderer(IPythonRenderer):
+        def inline_math(self, body):
+            return tex_to_mathml(body)
+
+        def block_math(self, body):
+            return tex_to_mathml(body, display=True)
+
+        def latex_environment(self, name, body):
+            return tex_to_mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", display=True)
+
+    class MathMLExporter(HTMLExporter):
+        @jinja2.pass_context
+        def markdown2html(self, context, source):
+            renderer = MathMLRenderer(
+                escape=False, attachments=context.get("cell", {}).get("attachments", {}),
+                embed_images=self.embed_images,
+                path=context.get("resources", {}).get("metadata", {}).get("path", ""),
+                anchor_link_text=self.anchor_link_text, exclude_anchor_links=self.exclude_anchor_links,
+                **self.lexer_options)
+            return MarkdownWithMath(renderer=renderer).render(source)
+
+    return MathMLExporter(template_name="lab", template_file="site.html.j2",
+                          extra_loaders=[jinja2.DictLoader({"site.html.j2": SITE_TEMPLATE})])
+
+
 def render(executed, page, nav, machine_line, title=None):
     import nbformat
-    from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(executed), as_version=4)
     resources = {"metadata": {"name": title or Path(executed).stem}}
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb, resources=resources)
+    body, _ = exporter().from_notebook_node(nb, resources=resources)
     body = re.sub(r'(<img\b[^>]*?\bsrc=")(?!data:|https?:)([^"]+)"', embed_file, body)
     header = (f'<nav style="font:14px sans-serif;padding:8px 16px;border-bottom:1px solid #ddd">'
               f'{nav}<div style="color:#555;margin-top:4px">{html.escape(machine_line)}</div></nav>')

@@ -5,9 +5,10 @@ The pages are rendered (helpers.site.write_site) from the notebooks tests/test_n
 in this session, so `make test` executes each lecture once; run alone, this test executes them itself
 (SMOKE, a few minutes). Without a Chromium it skips and says why (.ci/run installs Debian's chromium).
 
-Each page is opened once with every host name unresolvable (the CDN scripts for MathJax and widgets
-fail as they would offline). A small script injected into a copy of the page reports, at the load
-event, what the browser made of it; --dump-dom brings that report back and --screenshot a picture.
+Each page is opened once with every host name unresolvable (the CDN scripts for the widgets fail as
+they would offline; the maths is MathML, made when the page was built, and needs no script). A small
+script injected into a copy of the page reports, at the load event, what the browser made of it;
+--dump-dom brings that report back and --screenshot a picture.
 """
 import html
 import json
@@ -30,7 +31,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 
 # Runs first in the page; at the load event it writes what it found into <pre id="site-probe">.
-PROBE = """<script>
+PROBE = r"""<script>
 var probeFailed = [];
 addEventListener('error', function (e) {
   var t = e.target;
@@ -50,8 +51,18 @@ addEventListener('load', function () {
       return {model: JSON.parse(s.textContent).model_id, text: out.innerText.trim().slice(0, 200), height: out.getBoundingClientRect().height,
               figures_near: near.reduce(function (n, c) { return n + loaded(c); }, 0)};
     });
+  // The text a reader sees outside code: TeX left there (\frac, or a $...$ holding TeX) is maths
+  // that did not render.
+  var walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT), node, prose = [];
+  while ((node = walk.nextNode()))
+    if (!node.parentElement.closest('pre, code, script, style, math') && node.parentElement.getClientRects().length)
+      prose.push(node.data);
+  var tex = prose.join(' ').match(/\\[A-Za-z]+|\$[^$\n]*[\\^_{][^$\n]*\$/g) || [];
   var r = {
     title: document.title,
+    maths: Array.from(document.querySelectorAll('math')).filter(function (m) {
+      var b = m.getBoundingClientRect(); return b.width > 0 && b.height > 0; }).length,
+    tex: tex.slice(0, 5),
     nav: (document.querySelector('body > nav') || {innerText: ''}).innerText,
     imgs: Array.from(document.images).map(function (i) {
       return {src: (i.getAttribute('src') || '').slice(0, 40), ok: i.complete && i.naturalWidth > 0,
@@ -108,6 +119,14 @@ def browse(browser, page):
     assert done.returncode == 0 and m, f"Chromium could not open {page.name} (exit {done.returncode}):\n" \
         + said[-2000:]
     return json.loads(html.unescape(m.group(1))), shot
+
+
+def formulas(nb):
+    """How many formulas the notebook's markdown holds ($...$ or $$...$$ outside code), counted from
+    the source, not with the converter the site uses, so a formula the converter misses shows."""
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", text, flags=re.S)
+    return len(re.findall(r"(?<!\\)\$\$.+?(?<!\\)\$\$|(?<![\\$])\$[^$]+?(?<![\\$])\$", text, re.S))
 
 
 def draws_output(state, model_id):
@@ -170,6 +189,13 @@ def test_page_loads_and_its_figures_render(browser, built_site, executed_dir, sr
                   if any(t in o.get("data", {}) for t in IMAGE_TYPES))
     shown = len(report["imgs"]) + len(report["svgs"])
     assert shown >= figures, f"{name} shows {shown} figures; the executed notebook has {figures}"
+
+    expected = formulas(nb)
+    assert report["maths"] >= expected, \
+        f"{name} draws {report['maths']} formulas; its markdown has {expected} (is the maths MathML?)"
+    assert not report["tex"], f"{name} shows raw TeX, maths that did not render: {report['tex']}"
+    mathjax = [u for u in report["failed"] if "mathjax" in u.lower()]
+    assert not mathjax, f"{name} still fetches MathJax, which fails offline: {mathjax}"
 
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     state = state.get("state", {})
