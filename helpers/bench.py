@@ -14,8 +14,10 @@ The conventions (those of nccl-tests, so that the numbers compare with the field
 - one departure from nccl-tests, which measures size after size: the runs go in rounds, each round
   running every size (and, with interleave=True, every collective) once in a freshly shuffled
   order, so a change in the machine's load falls on all sizes alike. On a shared or virtual
-  machine this is what makes one sweep's sizes comparable with each other (the alpha-beta fit
-  through them went from 13-22% median error to 4-7% on the 2-core machine of the course);
+  machine this keeps one sweep's sizes comparable with each other. Measured on the course's 2-core
+  VM (all-reduce, K=2, 4 KiB-64 MiB, 30 runs per size, 9 sweeps each way, alternating): the
+  alpha-beta fit's median error was 5-41% per sweep (median 13%) size after size, 8-14% (median
+  11%) in shuffled rounds; what lowers it further is more runs (200 rounds: 3-5%, bench/collectives.py);
 - algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);
 - every benchmarked collective is checked: inputs hold small integers, so the result is exact in
   any order of summation, and the elements that differ from the expected result are counted
