@@ -20,10 +20,11 @@ def figure(ncols=1, nrows=1, width=7, height=4, **kw):
 
 
 def bytes_label(n):
+    """4096 -> '4 KiB', 780213.4 -> '761.9 KiB': four significant digits at most."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n:g} B"
+            return f"{n / size:.4g} {unit}"
+    return f"{n:.4g} B"
 
 
 def log2_size_axis(ax, sizes):

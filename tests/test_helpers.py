@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import checks, machine, report, timing, tiny
+from helpers import checks, machine, plots, report, timing, tiny
 from helpers.spawn import spawn
 
 
@@ -83,3 +83,9 @@ def test_banner_states_the_machine_and_flags_oversubscription():
     assert "oversubscribed" not in machine.banner(1, "gloo")
     d = machine.describe()
     assert d["cores"] >= 1 and d["memory_gib"] > 0 and isinstance(d["gpus"], list)
+
+
+@pytest.mark.parametrize("n, label", [(4096, "4 KiB"), (3 * 2**20, "3 MiB"), (780213.36, "761.9 KiB"),
+                                      (1023.9 * 2**20, "1024 MiB"), (2**31, "2 GiB"), (100, "100 B")])
+def test_bytes_label_is_short_and_exact_for_powers_of_two(n, label):
+    assert plots.bytes_label(n) == label
