@@ -1,7 +1,7 @@
 """The lectures follow the same conventions: checked by reading the notebooks' JSON and the solutions.
 
 Each lecture names the one before and after it; has the same parameters (WORLD_SIZE, SMOKE,
-CHECK_SOLUTIONS, other knobs in UPPER_CASE) and set-up (helpers imported, plots.style(), the machine
+CHECK_SOLUTIONS, other knobs in UPPER_CASE, never reassigned by a later cell) and set-up (helpers imported, plots.style(), the machine
 banner after validation); prints results with helpers.report; ends with at least three exercises
 graded by checks.check, whose reference solutions live in notebooks/solutions/NN_solutions.py, out of
 the student's notebook, and are asserted by the last cell when CHECK_SOLUTIONS is True.
@@ -72,6 +72,42 @@ def test_parameters_cell_has_the_common_names_in_upper_case(path):
              for t in ([target] if isinstance(target, ast.Name) else target.elts)]
     assert {"WORLD_SIZE", "SMOKE", "CHECK_SOLUTIONS"} <= set(names)
     assert all(n.isupper() for n in names), f"knobs are UPPER_CASE: {names}"
+
+
+def assigned_names(source):
+    """Names a cell binds in the notebook's namespace (`X = ...`, `X, Y = ...`, `X += ...`, `for X in ...`)."""
+    def bound(target):  # a name, or the names of a tuple/list target; not `x[i] = ...` or `x.a = ...`
+        if isinstance(target, ast.Name):
+            return {target.id}
+        if isinstance(target, ast.Starred):
+            return bound(target.value)
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return set().union(*map(bound, target.elts))
+        return set()
+
+    out, todo = set(), list(ast.parse(source).body)
+    while todo:  # the cell's statements, inside `if`/`for`/`with` too, but not inside functions or classes
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        for target in filter(lambda t: isinstance(t, ast.AST), targets):
+            out |= bound(target)
+        todo += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+    return out
+
+
+@by_name
+def test_no_cell_overrides_a_knob(path):
+    """A knob keeps the value the student (or papermill) gave it; SMOKE's smaller sizes and other derived
+    values get names of their own (lower case), so no cell silently undoes a parameter."""
+    all_cells = cells(path)
+    params = next(i for i, (_, _, tags) in enumerate(all_cells) if "parameters" in tags)
+    knobs = assigned_names(all_cells[params][1])
+    for i, (kind, src, _) in enumerate(all_cells[params + 1:], params + 1):
+        if kind == "code":
+            assert not knobs & assigned_names(src), \
+                f"cell {i} assigns the knob(s) {sorted(knobs & assigned_names(src))}; give the derived value its own name"
 
 
 @by_name
