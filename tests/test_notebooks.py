@@ -76,5 +76,7 @@ def test_notebook_follows_the_conventions(path):
     assert params is not None, "one code cell is tagged 'parameters'"
     for knob in ("WORLD_SIZE", "SMOKE"):
         assert re.search(rf"^{knob}\s*=", params, re.M), f"the parameters cell sets {knob}"
-    kernel = json.loads(path.read_text())["metadata"].get("kernelspec", {}).get("name")
-    assert kernel == "python3", "the kernel is the environment's python3"
+    nb = json.loads(path.read_text())
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "the kernel is the environment's python3"
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5) and all("id" in c for c in nb["cells"]), \
+        "nbformat 4.5 with cell ids, as JupyterLab saves it (so a save in Lab changes no more than the edit)"
