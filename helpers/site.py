@@ -74,7 +74,7 @@ def execute(src, dst, smoke):
 
 
 def embed_file(m):
-    """<img src="../images/ring.svg"> (as a markdown cell links it) -> the file as a data: URI."""
+    """<img src="picture.svg">, a local file a markdown cell links (relative to notebooks/) -> a data: URI."""
     f = ROOT / "notebooks" / html.unescape(m.group(2))
     if not f.is_file():
         return m.group(0)  # left as it is: tests/test_site.py reports it as an image that failed
