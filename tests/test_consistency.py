@@ -1,10 +1,11 @@
 """The lectures follow the same conventions: checked by reading the notebooks' JSON and the solutions.
 
 Each lecture names the one before and after it; has the same parameters (WORLD_SIZE, SMOKE,
-CHECK_SOLUTIONS, other knobs in UPPER_CASE, never reassigned by a later cell) and set-up (helpers imported, plots.style(), the machine
-banner after validation); prints results with helpers.report; ends with at least three exercises
-graded by checks.check, whose reference solutions live in notebooks/solutions/NN_solutions.py, out of
-the student's notebook, and are asserted by the last cell when CHECK_SOLUTIONS is True.
+CHECK_SOLUTIONS, other knobs in UPPER_CASE, never reassigned by a later cell) and set-up (helpers
+imported, plots.style(), the machine banner after validation); prints results with helpers.report;
+ends with at least three exercises graded by checks.check, whose reference solutions live in
+notebooks/solutions/NN_solutions.py, out of the student's notebook, and are asserted by the last cell
+when CHECK_SOLUTIONS is True.
 """
 import ast
 import json
@@ -91,7 +92,7 @@ def assigned_names(source):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
-        for target in filter(lambda t: isinstance(t, ast.AST), targets):
+        for target in filter(None, targets):
             out |= bound(target)
         todo += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
     return out
