@@ -50,7 +50,8 @@ def harness_and_loop(rank, k, nbytes, rounds, iters):
     plan = [("all_reduce", "all_reduce", None)]
     out = []
     for _ in range(rounds):
-        harness = bench.measure_rank(rank, k, plan, [nbytes], warmup=1, iters=iters, check=False)
+        harness = bench.measure_rank(rank, k, plan, [nbytes], warmup=1, iters=iters, check=False,
+                                     method="per-call")
         dist.all_reduce(x)  # the loop's warm-up
         out.append((harness, tight_loop(x, iters)))
     return out
@@ -78,7 +79,8 @@ def main():
     # Goal 1: ring (ours) against the library, interleaved, at 16, 32 and 64 MiB.
     sizes = [16 * MiB, 32 * MiB, 64 * MiB]
     rows = bench.sweep({"ring (ours)": ("all_reduce", ring_all_reduce), "library": "all_reduce"},
-                       [k], sizes, warmup=2, iters=a.iters, interleave=True, progress=False)
+                       [k], sizes, warmup=2, iters=a.iters, interleave=True, progress=False,
+                       method="per-call")
     by = {(r["collective"], r["size"]): r for r in rows}
     assert all(r["wrong"] == 0 for r in rows), "an all-reduce gave wrong values"
     ratios = [by[("ring (ours)", n)]["busbw"] / by[("library", n)]["busbw"] for n in sizes]
@@ -91,7 +93,8 @@ def main():
 
     # Goal 2: the alpha-beta fit over an all-reduce sweep.
     sweep_sizes = bench.size_range("4K", a.max_bytes, 2)
-    rows = bench.sweep("all_reduce", [k], sweep_sizes, warmup=2, iters=a.fit_rounds, progress=False)
+    rows = bench.sweep("all_reduce", [k], sweep_sizes, warmup=2, iters=a.fit_rounds, progress=False,
+                       method="per-call")
     sizes, times = [r["size"] for r in rows], [r["time_us"] * 1e-6 for r in rows]
     fit = cost.fit_alpha_beta(sizes, times)
     errors = fit.relative_errors()

@@ -54,8 +54,12 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
 ROOTED = ("broadcast", "reduce")
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 COLUMNS = ("collective", "world_size", "backend", "size", "count", "type", "redop", "root",
-           "time_us", "p10_us", "p90_us", "algbw", "busbw", "wrong", "iters")
+           "time_us", "p10_us", "p90_us", "algbw", "busbw", "wrong", "iters", "method", "ranks")
 FORMAT = "helpers.bench/1"
+METHODS = ("per-call", "nccl-tests")
+# nccl-tests' -a: how the ranks' times of one measurement are combined (name, function)
+AVERAGE = {0: ("rank 0", lambda ts: ts[0]), 1: ("mean", lambda ts: sum(ts) / len(ts)),
+           2: ("min", min), 3: ("max", max)}
 
 
 # --------------------------------------------------------------------------------- sizes
@@ -227,9 +231,9 @@ def _send_recv(send, recv):
         req.wait()
 
 
-def _time_once(case, dev):
-    """Barrier, then one timed call of the collective on this rank (seconds)."""
-    import torch
+def _start_together(case, dev):
+    """Untimed: restore the inputs, let queued GPU work finish, then a barrier (it returns on every
+    rank once all have entered it; under NCCL it blocks the host too)."""
     import torch.distributed as dist
 
     from helpers.timing import sync
@@ -238,6 +242,34 @@ def _time_once(case, dev):
     sync(dev)
     dist.barrier()
     sync(dev)
+
+
+def _time_loop(case, dev, iters):
+    """nccl-tests' measurement on this rank: after one barrier, `iters` calls back to back, the clock
+    read once around the loop (CUDA events on the current stream on a GPU: a call without async_op
+    makes that stream wait for the collective), divided by `iters`. Seconds per call."""
+    import torch
+
+    _start_together(case, dev)
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            case.run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        case.run()
+    return (time.perf_counter() - t0) / iters
+
+
+def _time_once(case, dev):
+    """Barrier, then one timed call of the collective on this rank (seconds)."""
+    import torch
+
+    _start_together(case, dev)
     if dev.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -251,15 +283,19 @@ def _time_once(case, dev):
 
 
 def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", check=True,
-                 progress=False, seed=0):
+                 progress=False, seed=0, method="nccl-tests", rounds=1):
     """Run in every rank: for each (label, kind, fn) in plan and each size, this rank's timings.
 
-    After `warmup` untimed runs of every case, `iters` rounds; in each round every (collective,
-    size) of the plan runs once, timed, in an order shuffled afresh per round (the same on every
-    rank, from `seed`). So a change in the machine's load, or a cache warmed by the call before,
-    falls on every size and collective alike instead of on one stretch of the sweep. The result of
-    each case's last run is checked (`wrong`).
-    Returns {"host", "backend", "rows": [{label, kind, size, count, times (s), wrong}]}.
+    After `warmup` untimed runs of every case, rounds; in each round every (collective, size) of the
+    plan is measured once, in an order shuffled afresh per round (the same on every rank, from
+    `seed`), so a change in the machine's load, or a cache warmed by the call before, falls on every
+    size and collective alike instead of on one stretch of the sweep.
+    method="per-call": `iters` rounds, each measuring one call after a barrier (times: one per call).
+    method="nccl-tests": `rounds` rounds, each measuring `iters` calls back to back after one
+    barrier, divided by `iters` (times: one per round; nccl-tests' -N cycles, its -n calls).
+    The result of each case's last run is checked (`wrong`): after the timed loop of nccl-tests'
+    method (whose in-place calls compound), once more from restored inputs, as its -c 1 does.
+    Returns {"host", "backend", "method", "rows": [{label, kind, size, count, times (s), wrong}]}.
     """
     import random
 
@@ -277,19 +313,28 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
         for _ in range(warmup):
             case.reset()
             case.run()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}.")
     times = {key: [] for key in cases}
     wrong = {key: -1 for key in cases}
     order, rng = list(cases), random.Random(seed)
+    n_rounds = iters if method == "per-call" else rounds
     bar = None
     if progress and rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=iters, desc="bench", unit="round", file=sys.stderr)
-    for r in range(iters):
+        bar = tqdm(total=n_rounds, desc="bench", unit="round", file=sys.stderr)
+    for r in range(n_rounds):
         rng.shuffle(order)
         for key in order:
-            times[key].append(_time_once(cases[key], dev))
-            if check and r == iters - 1:  # checked at once: the next case may share its buffers
+            if method == "per-call":
+                times[key].append(_time_once(cases[key], dev))
+            else:
+                times[key].append(_time_loop(cases[key], dev, iters))
+            if check and r == n_rounds - 1:  # checked at once: the next case may share its buffers
+                if method != "per-call":
+                    cases[key].reset()
+                    cases[key].run()
                 wrong[key] = cases[key].wrong()
         if bar is not None:
             bar.update()
@@ -298,7 +343,8 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
     rows = [{"label": label, "kind": kind, "size": cases[(i, n)].nbytes, "count": cases[(i, n)].count,
              "times": times[(i, n)], "wrong": wrong[(i, n)]}
             for i, (label, kind, _) in enumerate(plan) for n in sizes]
-    return {"host": socket.gethostname(), "backend": dist.get_backend(), "rows": rows}
+    return {"host": socket.gethostname(), "backend": dist.get_backend(), "method": method,
+            "iters": iters, "rows": rows}
 
 
 # ------------------------------------------------------------------------ in the caller
@@ -319,15 +365,23 @@ def _plan(collectives):
     return plan
 
 
-def combine(per_rank, world_size, dtype="float32"):
-    """Per-rank timings -> one row per (collective, size): the slowest rank per run, then median."""
+def combine(per_rank, world_size, dtype="float32", average=1):
+    """Per-rank timings -> one row per (collective, size), then the median over runs (or rounds).
+
+    Per call (method "per-call"): per run the slowest rank's time. nccl-tests' method: per round the
+    ranks' times combined as its -a says (0: rank 0's, 1: their mean, its default, 2: min, 3: max).
+    """
     from helpers.cost import algbw, busbw
     from helpers.timing import summary
 
     backend = per_rank[0]["backend"]
+    method = per_rank[0].get("method", "per-call")
+    if average not in AVERAGE:
+        raise ValueError(f"average must be one of {sorted(AVERAGE)} (nccl-tests' -a), got {average!r}.")
+    across = max if method == "per-call" else AVERAGE[average][1]
     out = []
     for i, row in enumerate(per_rank[0]["rows"]):
-        slowest = [max(r["rows"][i]["times"][j] for r in per_rank) for j in range(len(row["times"]))]
+        slowest = [across([r["rows"][i]["times"][j] for r in per_rank]) for j in range(len(row["times"]))]
         s = summary(slowest)
         wrong = sum(r["rows"][i]["wrong"] for r in per_rank) if row["wrong"] >= 0 else -1
         out.append({"collective": row["label"], "kind": row["kind"], "world_size": world_size,
@@ -337,15 +391,21 @@ def combine(per_rank, world_size, dtype="float32"):
                     "time_us": s["median"] * 1e6, "p10_us": s["p10"] * 1e6, "p90_us": s["p90"] * 1e6,
                     "algbw": algbw(row["size"], s["median"]),
                     "busbw": busbw(row["kind"], row["size"], s["median"], world_size),
-                    "wrong": wrong, "iters": len(slowest),
+                    "wrong": wrong, "iters": len(slowest) if method == "per-call" else per_rank[0]["iters"],
+                    "method": method, "ranks": "slowest" if method == "per-call" else AVERAGE[average][0],
                     "times_us": [t * 1e6 for t in slowest]})
     return out
 
 
 def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, iters=20,
           dtype="float32", backend="auto", check=True, progress=True, timeout=600, threads=1,
-          interleave=False):
+          interleave=False, method="nccl-tests", rounds=1, average=1):
     """Measure `collectives` at every size on every world size; one row per (collective, K, size).
+
+    method="per-call": `iters` timed calls per size, each after a barrier; time = the median over
+    calls of the slowest rank's time (with its spread). method="nccl-tests": `rounds` times, `iters`
+    calls back to back after one barrier, timed as a loop; time = loop / iters, ranks combined as
+    `average` says (nccl-tests' -a: 1 = mean), the median over rounds when there are several.
 
     collectives: names from COLLECTIVES, or {label: kind or (kind, callable)} to benchmark your own
     implementation with the meaning of `kind` (signatures in the module docstring).
@@ -362,14 +422,21 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
     sizes = list(sizes or size_range())
     if not (isinstance(iters, int) and iters >= 1 and isinstance(warmup, int) and warmup >= 0):
         raise ValueError(f"need iters >= 1 and warmup >= 0 (whole numbers), got {iters} and {warmup}.")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}.")
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}.")
+    if average not in AVERAGE:
+        raise ValueError(f"average must be one of {sorted(AVERAGE)} (nccl-tests' -a), got {average!r}.")
+    how = dict(seed=0, method=method, rounds=rounds)
     if isinstance(world_sizes, int):
         world_sizes = [world_sizes]
     rows = []
     if under_torchrun():
         k = int(os.environ["WORLD_SIZE"])
-        per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress),
-                         backend=backend)
-        return combine(per_rank, k, dtype)
+        per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress,
+                                                *how.values()), backend=backend)
+        return combine(per_rank, k, dtype, average)
     jobs = [(k, plan) for k in world_sizes] if interleave else \
         [(k, [p]) for k in world_sizes for p in plan]
     bar = None
@@ -381,9 +448,10 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
         for k, group in jobs:
             if bar is not None:
                 bar.set_postfix_str(f"{', '.join(g[0] for g in group)} on {k} ranks")
-            per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False),
+            per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False,
+                                                    *how.values()),
                              backend=backend, timeout=timeout, threads=threads)
-            rows += combine(per_rank, k, dtype)
+            rows += combine(per_rank, k, dtype, average)
             if bar is not None:
                 bar.update()
     finally:
@@ -414,8 +482,15 @@ def table(rows, spread=True):
     for r in rows:
         blocks.setdefault((r["collective"], r["world_size"], r["backend"]), []).append(r)
     for (name, k, backend), block in blocks.items():
-        print(f"# {name} on {k} ranks ({backend}), {block[0]['iters']} timed runs per size, "
-              "time = median of the slowest rank")
+        r0 = block[0]
+        if r0.get("method", "per-call") == "per-call":
+            print(f"# {name} on {k} ranks ({backend}), per call: {r0['iters']} timed calls per size, each "
+                  "after a barrier; time = median of the slowest rank")
+        else:
+            rounds = len(r0["times_us"])
+            print(f"# {name} on {k} ranks ({backend}), nccl-tests' method: {r0['iters']} calls back to back "
+                  f"after one barrier, time = loop / {r0['iters']}, ranks' {r0['ranks']} (-a)"
+                  + (f"; median of {rounds} rounds" if rounds > 1 else ""))
         cols = ["size", "count", "type", "redop", "root", "time(us)"] + \
             (["p10-p90(us)"] if spread else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
         shown = [{"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"],
@@ -448,7 +523,7 @@ def save(rows, path, meta=None):
         w = csv.DictWriter(buf, fieldnames=list(COLUMNS) + ["kind", "times_us"], lineterminator="\n")
         w.writeheader()
         for r in rows:
-            w.writerow({**{c: r[c] for c in COLUMNS}, "kind": r["kind"],
+            w.writerow({**{c: r.get(c) for c in COLUMNS}, "kind": r["kind"],
                         "times_us": " ".join(f"{t:.3f}" for t in r["times_us"])})
         text = buf.getvalue()
     else:
@@ -490,22 +565,39 @@ def load(path):
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m helpers.bench",
-        description="Benchmark collectives as nccl-tests does (size sweep, warm-up, barrier, slowest "
-                    "rank, median, algbw/busbw, #wrong) and write a results file. Standalone it starts "
-                    "--world-size ranks itself; under `torchrun --nproc-per-node N -m helpers.bench` "
-                    "it runs in the ranks torchrun started (any number of nodes).")
-    p.add_argument("-c", "--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast",
+        description="Benchmark collectives and write a results file. By default as nccl-tests does: "
+                    "per size, -w warm-up calls, one barrier, -n calls back to back timed as one loop, "
+                    "time = loop / n, the ranks' times combined by -a; algbw, busbw, #wrong. With "
+                    "--method per-call: a barrier before every call, each call timed, the slowest "
+                    "rank's median and 10th-90th percentiles (a spread, for noisy machines). "
+                    "Standalone it starts --world-size ranks itself; under `torchrun --nproc-per-node N "
+                    "-m helpers.bench` it runs in the ranks torchrun started (any number of nodes).")
+    p.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast",
                    help=f"comma-separated, from {','.join(COLLECTIVES)}, or 'all' (default: %(default)s)")
-    p.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default: %(default)s)")
-    p.add_argument("-e", "--max-bytes", default="64M", help="largest size (default: %(default)s)")
-    p.add_argument("-f", "--factor", type=float, default=2, help="size step factor (default: 2)")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed runs per size (default: 5)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed runs per size (default: 20)")
-    p.add_argument("-d", "--dtype", default="float32", help="element type (default: float32)")
+    p.add_argument("-b", "--minbytes", "--min-bytes", dest="min_bytes", default="1K",
+                   help="smallest size (default: %(default)s)")
+    p.add_argument("-e", "--maxbytes", "--max-bytes", dest="max_bytes", default="64M",
+                   help="largest size (default: %(default)s)")
+    p.add_argument("-f", "--stepfactor", "--factor", dest="factor", type=float, default=2,
+                   help="size step factor (default: 2)")
+    p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int, default=5,
+                   help="untimed calls per size (default: 5)")
+    p.add_argument("-n", "--iters", type=int, default=20,
+                   help="calls per timed loop; with --method per-call, timed calls (default: 20)")
+    p.add_argument("-N", "--run_cycles", "--rounds", dest="rounds", type=int, default=1,
+                   help="timed loops per size, in shuffled rounds; the median is reported (default: 1)")
+    p.add_argument("-d", "--datatype", "--dtype", dest="dtype", default="float32",
+                   help="element type (default: float32)")
+    p.add_argument("-a", "--average", type=int, default=1, choices=sorted(AVERAGE),
+                   help="how the ranks' times combine: 0 rank 0, 1 mean, 2 min, 3 max (default: 1); "
+                        "--method per-call always takes the slowest rank")
+    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
+                   help="1: check every result and count wrong elements, #wrong (default: 1)")
+    p.add_argument("--method", default="nccl-tests", choices=METHODS,
+                   help="nccl-tests (a timed loop) or per-call (one timed call per barrier) (default: %(default)s)")
     p.add_argument("--world-size", type=int, default=2,
                    help="ranks to start when not under torchrun (default: 2)")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
-    p.add_argument("--no-check", action="store_true", help="skip the #wrong correctness check")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-o", "--out", default=None, help="results file, .json or .csv (default: none)")
     a = p.parse_args(argv)
@@ -518,19 +610,22 @@ def main(argv=None):
     unknown = [n for n in names if n not in COLLECTIVES]
     if unknown:
         p.error(f"unknown collective(s) {unknown}; choose from {', '.join(COLLECTIVES)} or 'all'")
+    if a.rounds < 1 or a.iters < 1 or a.warmup < 0:
+        p.error(f"need -n >= 1, -N >= 1 and -w >= 0, got {a.iters}, {a.rounds} and {a.warmup}")
     sizes = size_range(a.min_bytes, a.max_bytes, a.factor)
+    how = dict(method=a.method, rounds=a.rounds)
     hosts = []
     if torchrun:
         from helpers.spawn import spawn  # under torchrun: joins the group, runs in this process
 
         plan = _plan(list(names))
-        per_rank = spawn(measure_rank, k, args=(plan, sizes, a.warmup, a.iters, a.dtype,
-                                                not a.no_check, not a.no_progress), backend=a.backend)
-        rows = combine(per_rank, k, a.dtype)
+        per_rank = spawn(measure_rank, k, args=(plan, sizes, a.warmup, a.iters, a.dtype, bool(a.check),
+                                                not a.no_progress, 0, *how.values()), backend=a.backend)
+        rows = combine(per_rank, k, a.dtype, a.average)
         hosts = sorted({r["host"] for r in per_rank})
     else:
-        rows = sweep(list(names), [k], sizes, a.warmup, a.iters, a.dtype, a.backend,
-                     not a.no_check, not a.no_progress)
+        rows = sweep(list(names), [k], sizes, a.warmup, a.iters, a.dtype, a.backend, bool(a.check),
+                     not a.no_progress, average=a.average, **how)
     if rank != 0:
         return rows
     from helpers.machine import banner
@@ -541,7 +636,8 @@ def main(argv=None):
     print(f"# out-of-bounds values: {wrong} ({'OK' if wrong == 0 else 'WRONG RESULTS'})")
     if a.out:
         params = {"collectives": list(names), "sizes": sizes, "warmup": a.warmup, "iters": a.iters,
-                  "dtype": a.dtype, "check": not a.no_check}
+                  "rounds": a.rounds, "method": a.method, "average": a.average, "dtype": a.dtype,
+                  "check": bool(a.check)}
         args = " ".join(sys.argv[1:] if argv is None else argv)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", k))
         command = (f"torchrun --nnodes {k // local} --nproc-per-node {local} -m helpers.bench {args}"

@@ -86,7 +86,7 @@ def test_every_collective_is_checked_at_every_size_of_a_shared_buffer():
         assert (r["wrong"] > 0) == r["collective"].startswith("no-op"), r
 
 
-def _record_sizes(rank, k, sizes, rounds):
+def _record_sizes(rank, k, sizes, rounds, method="per-call", iters=1):
     calls = []
 
     def recording_all_reduce(tensor):
@@ -94,7 +94,10 @@ def _record_sizes(rank, k, sizes, rounds):
         dist.all_reduce(tensor)
 
     plan = [("recorded", "all_reduce", recording_all_reduce)]
-    bench.measure_rank(rank, k, plan, sizes, warmup=1, iters=rounds)
+    if method == "per-call":
+        bench.measure_rank(rank, k, plan, sizes, warmup=1, iters=rounds, method=method)
+    else:
+        bench.measure_rank(rank, k, plan, sizes, warmup=1, iters=iters, method=method, rounds=rounds)
     return calls
 
 
@@ -108,3 +111,53 @@ def test_rounds_take_the_sizes_in_a_shuffled_order_the_same_on_every_rank():
     orders = [timed[i * len(sizes):(i + 1) * len(sizes)] for i in range(rounds)]
     assert all(sorted(o) == sizes for o in orders)  # every size once per round
     assert len({tuple(o) for o in orders}) > 1  # and not in the same order every round
+
+
+def test_nccl_tests_method_times_loops_of_back_to_back_calls():
+    # nccl-tests' method: per round and size, `iters` calls in a row (one barrier before them, none
+    # between); in the last round each loop is followed by one more call, from restored inputs, the check.
+    from helpers.spawn import spawn
+
+    sizes, rounds, iters = [1024, 4096], 3, 5
+    calls = spawn(_record_sizes, 2, args=(sizes, rounds, "nccl-tests", iters))[0]
+    timed = calls[len(sizes):]  # after one warm-up call per size
+    blocks = [iters] * (rounds - 1) * len(sizes) + [iters + 1] * len(sizes)
+    assert len(timed) == sum(blocks)
+    start, per_round = 0, []
+    for i, n in enumerate(blocks):
+        block = timed[start:start + n]
+        start += n
+        assert len(set(block)) == 1, block  # one size, called back to back
+        per_round.append(block[0])
+    for r in range(rounds):
+        assert sorted(per_round[r * len(sizes):(r + 1) * len(sizes)]) == sizes  # every size once a round
+
+
+def test_combine_takes_the_slowest_rank_per_call_and_nccl_tests_average_per_loop():
+    def per_rank(method, times):
+        return [{"backend": "gloo", "method": method, "iters": 7,
+                 "rows": [{"label": "x", "kind": "all_reduce", "size": 8, "count": 2, "times": t, "wrong": 0}]}
+                for t in times]
+
+    times = [[1.0, 4.0, 2.0], [3.0, 2.0, 2.0]]  # rank 0's runs, rank 1's runs
+    slowest = bench.combine(per_rank("per-call", times), 2)[0]
+    assert slowest["time_us"] == pytest.approx(3e6) and slowest["ranks"] == "slowest"  # median of 3, 4, 2
+    for average, want in ((1, 2.0), (0, 2.0), (2, 2.0), (3, 3.0)):  # per round: mean, rank 0, min, max
+        row = bench.combine(per_rank("nccl-tests", times), 2, average=average)[0]
+        assert row["time_us"] == pytest.approx(want * 1e6), (average, row)
+        assert row["iters"] == 7 and row["method"] == "nccl-tests"
+    with pytest.raises(ValueError, match="nccl-tests' -a"):
+        bench.combine(per_rank("nccl-tests", times), 2, average=4)
+
+
+def test_the_command_takes_nccl_tests_letters(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rows = bench.main(["--world-size", "2", "--collectives", "all_reduce", "-b", "1K", "-e", "4K", "-f", "4",
+                       "-w", "1", "-n", "3", "-N", "2", "-a", "3", "-c", "1", "--no-progress", "-o", str(out)])
+    assert [r["size"] for r in rows] == [1024, 4096] and all(r["wrong"] == 0 for r in rows)
+    assert all(r["method"] == "nccl-tests" and r["ranks"] == "max" and r["iters"] == 3 for r in rows)
+    back, meta = bench.load(out)
+    assert meta["params"]["method"] == "nccl-tests" and meta["params"]["rounds"] == 2
+    assert "nccl-tests' method: 3 calls back to back" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--world-size", "2", "-n", "0", "--no-progress"])
