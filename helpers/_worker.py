@@ -112,10 +112,12 @@ def _run(req):
     torch.set_num_threads(req["threads"])
     fn, args = cloudpickle.loads(req["payload"])
     rank, world_size, backend = req["rank"], req["world_size"], req["backend"]
-    if backend == "nccl":
+    extra = {}
+    if backend == "nccl":  # the rank's GPU, named to the group: no barrier has to guess it
         torch.cuda.set_device(rank)
+        extra["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(backend, store=dist.FileStore(req["store"], world_size), rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=req["timeout"]))
+                            world_size=world_size, timeout=timedelta(seconds=req["timeout"]), **extra)
     value = fn(rank, world_size, *args)
     return _to_cpu(value)
 

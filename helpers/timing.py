@@ -1,4 +1,5 @@
-"""Timing a piece of work the way the measurement conventions ask: warm-up, many runs, median."""
+"""Timing work the way the measurement conventions ask: warm-up, many runs, median (measure), and
+timestamps on one axis that are right on both backends (Clock)."""
 import statistics
 import time
 
@@ -43,3 +44,74 @@ def summary(samples):
     s = sorted(samples)
     pick = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
     return {"median": statistics.median(s), "p10": pick(0.1), "p90": pick(0.9), "n": len(s)}
+
+
+class Clock:
+    """Timestamps of a rank's timeline, right on the CPU and on a GPU.
+
+        clock = Clock(device)            # the rank's device (cuda under NCCL, cpu under gloo)
+        clock.now("start")               # the work queued so far is done
+        work = dist.all_reduce(x, async_op=True)
+        clock.done("all-reduce", work)   # when the collective itself finishes
+        y = compute(); clock.now("compute")
+        work.wait()
+        t = clock.read()                 # {"start": 0.0, "all-reduce": s, "compute": s}, seconds
+
+    On the CPU, now() reads perf_counter (gloo's calls and CPU kernels are finished when they return)
+    and done() stamps from a callback on the work's future, which gloo's thread runs on completion.
+    On a GPU a host clock reads launches, and NCCL completes a work's future when the collective is
+    queued, so both would be wrong: now() records a CUDA event on the current stream (it completes
+    once the work queued before it on that stream has run), and done() records one on a fresh side
+    stream made to wait for the collective by work.wait() (wait() orders the *current* stream after
+    the collective, on the device, without blocking the host): that event neither waits for the
+    compute queued after it nor holds it up. read() synchronizes once, then reads every event.
+    Keys must be unique; a key may be any hashable (("forward", 3), ...).
+    """
+
+    def __init__(self, device=None):
+        import torch
+
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.stamps, self.pending = {}, []
+
+    def now(self, key):
+        import torch
+
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.stamps[key] = event
+        else:
+            self.stamps[key] = time.perf_counter()
+
+    def done(self, key, work):
+        import torch
+
+        if self.cuda:
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                work.wait()
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(side)
+            self.stamps[key] = event
+        else:
+            stamps = self.stamps
+            self.pending.append(work.get_future().then(lambda _: stamps.setdefault(key, time.perf_counter())))
+
+    def read(self):
+        """{key: seconds since the earliest stamp}. Call it once the work is done (after work.wait())."""
+        import torch
+
+        for future in self.pending:  # the callbacks have run (they may lag the work's own completion)
+            future.wait()
+        self.pending.clear()
+        if not self.stamps:
+            return {}
+        if self.cuda:
+            torch.cuda.synchronize()
+            events = list(self.stamps.items())
+            times = {k: events[0][1].elapsed_time(e) / 1e3 for k, e in events}
+        else:
+            times = dict(self.stamps)
+        origin = min(times.values())
+        return {k: t - origin for k, t in times.items()}

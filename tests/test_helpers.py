@@ -89,3 +89,65 @@ def test_banner_states_the_machine_and_flags_oversubscription():
                                       (1023.9 * 2**20, "1024 MiB"), (2**31, "2 GiB"), (100, "100 B")])
 def test_bytes_label_is_short_and_exact_for_powers_of_two(n, label):
     assert plots.bytes_label(n) == label
+
+
+def _clock_on_a_rank(rank, world_size):
+    import torch.distributed as dist
+
+    from helpers.spawn import device
+
+    dev = device()
+    x = torch.ones(2**22, device=dev)              # 16 MiB: a collective that takes a while
+    a = torch.randn(1024, 1024, device=dev)
+    clock = timing.Clock(dev)
+    clock.now("start")
+    work = dist.all_reduce(x, async_op=True)
+    clock.done("all-reduce", work)
+    for _ in range(20 if dev.type == "cpu" else 200):
+        a = torch.tanh(a @ a)
+    clock.now("compute")
+    work.wait()
+    clock.now("waited")
+    t = clock.read()
+    assert torch.equal(x, torch.full_like(x, float(world_size)))
+    return t
+
+
+def test_the_clock_stamps_a_collective_when_it_finishes_and_compute_when_it_ends():
+    for t in spawn(_clock_on_a_rank, 2, backend="gloo"):
+        assert set(t) == {"start", "all-reduce", "compute", "waited"} and t["start"] == 0.0
+        assert 0 < t["all-reduce"] <= t["waited"] and 0 < t["compute"] <= t["waited"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the clock's CUDA-event path "
+                    "(on a CPU machine the test above checks the host-clock path)")
+def test_on_a_gpu_the_clock_reads_the_device_not_the_launches():
+    # One rank on NCCL: an out-of-place all-gather of one rank is a copy of 1 GiB within the GPU (about
+    # a millisecond), queued before 200 matmuls on the default stream (tens of milliseconds). The
+    # collective's stamp must come when the copy is done: after the start, long before the compute ends.
+    def fn(rank, world_size):
+        import torch.distributed as dist
+
+        from helpers.spawn import device
+
+        dev = device()
+        src, out = torch.ones(2**28, device=dev), torch.empty(2**28, device=dev)
+        a = torch.randn(2048, 2048, device=dev) / 50
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        clock = timing.Clock(dev)
+        torch.cuda.synchronize()
+        clock.now("start")
+        work = gather(out, src, async_op=True)
+        clock.done("copy", work)
+        for _ in range(200):
+            a = torch.tanh(a @ a)
+        clock.now("compute")
+        work.wait()
+        t = clock.read()
+        assert torch.equal(out, src)
+        return t, dist.get_backend()
+
+    t, backend = spawn(fn, 1)[0]
+    assert backend == "nccl"
+    assert 1e-4 < t["copy"] < 0.5 * t["compute"], t
+

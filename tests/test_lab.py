@@ -233,7 +233,7 @@ def test_every_lecture_is_found():
 
 
 @pytest.mark.parametrize("name", LECTURES, ids=lambda n: n[:2])
-def test_lecture_runs_in_lab(lab, browser, name):
+def test_lecture_runs_in_lab(browser, lab, name):  # browser first: without one it skips before Lab starts
     with opened(lab, browser, name) as tab:
         cells = run_all(tab, name)
         assert not failures(cells), f"{name} in JupyterLab:\n" + "\n".join(failures(cells))

@@ -164,6 +164,7 @@ def test_a_hang_ends_within_the_timeout_naming_the_ranks_that_had_not_finished(t
 def test_a_rank_that_dies_before_returning_is_a_failure(tmp_path):
     def fn(rank, world_size, folder):
         write_pid(folder, rank)
+        dist.barrier()  # every rank is past its start-up (gloo's connections) and wrote its pid
         if rank == 1:
             print("about to die")
             os._exit(3)
@@ -235,6 +236,26 @@ def test_ranks_are_forks_of_a_server_that_imported_torch_not_of_the_caller():
         cmdline = open(f"/proc/{server}/cmdline").read().split("\0")
         assert "helpers._worker" in cmdline  # a freshly executed Python, not a fork of this one
         assert "libtorch" in open(f"/proc/{server}/maps").read()  # torch was imported before forking
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (on a CPU machine every other "
+                    "test here runs the gloo path)")
+def test_on_gpus_auto_means_nccl_one_gpu_per_rank_and_values_come_back_on_the_cpu(capsys):
+    def fn(rank, world_size):
+        from helpers.spawn import device
+
+        x = torch.full((4,), rank + 1.0, device=device())
+        dist.all_reduce(x)
+        dist.barrier()
+        return x, dist.get_backend(), x.device.type, torch.cuda.current_device()
+
+    k = torch.cuda.device_count()
+    out = spawn(fn, k)
+    for rank, (x, backend, where, gpu) in enumerate(out):
+        assert (backend, where, gpu, x.device.type) == ("nccl", "cuda", rank, "cpu")
+        assert torch.equal(x, torch.full((4,), k * (k + 1) / 2))
+    # init_process_group was told each rank's GPU (device_id), so barrier() has nothing to guess or warn
+    assert "under current context" not in capsys.readouterr().out
 
 
 def test_ranks_inherit_the_heavy_torch_modules_instead_of_importing_them():
