@@ -1,5 +1,6 @@
 # The lecture series in four targets. Each builds .venv first when it is missing or out of date.
-#   make html   execute every lecture and render the site into build/html/ (SMOKE=1: small sizes)
+#   make html   execute every lecture and render the site into build/html/ (SMOKE=1: small sizes;
+#               SAVE_TO=data/NAME: the lectures that measure hardware keep their numbers there)
 #   make test   unit tests of helpers/ and every notebook executed headless (what CI runs)
 #   make lab    JupyterLab on notebooks/ with the project's environment
 #               (on a remote GPU node: make lab LAB_ARGS="--no-browser --ip=0.0.0.0")
@@ -12,6 +13,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 SMOKE  ?= 0
+SAVE_TO ?=
 LAB_ARGS ?=
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
@@ -30,7 +32,8 @@ $(READY): requirements.txt pyproject.toml
 	touch $@
 
 html: $(READY)
-	$(BIN)/python -m helpers.site --out build/html $(if $(filter 1 true yes,$(SMOKE)),--smoke)
+	$(BIN)/python -m helpers.site --out build/html $(if $(filter 1 true yes,$(SMOKE)),--smoke) \
+		$(if $(SAVE_TO),--save-to $(SAVE_TO))
 
 test: $(READY)
 	$(BIN)/python -m pytest -ra --durations=15 tests

@@ -1,6 +1,7 @@
 """What machine a measurement was taken on, stated at the top of every lecture."""
 import os
 import platform
+import shutil
 import subprocess
 
 
@@ -45,13 +46,27 @@ def gpus():
             for i in range(torch.cuda.device_count())]
 
 
+def gpu_driver():
+    """The NVIDIA driver's version as nvidia-smi reports it, or None (no nvidia-smi, no GPU)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
+
+
 def describe():
     """A dict of the facts a measurement depends on (also written into results files)."""
     import torch
 
+    found = gpus()
     return {"cpu": cpu_model(), "cores": usable_cores(), "memory_gib": round(memory_bytes() / 2**30, 1),
-            "gpus": [{"name": n, "memory_gib": round(m / 2**30, 1)} for n, m in gpus()],
-            "torch": torch.__version__, "python": platform.python_version(),
+            "gpus": [{"name": n, "memory_gib": round(m / 2**30, 1)} for n, m in found],
+            "torch": torch.__version__, "cuda": torch.version.cuda if found else None,
+            "driver": gpu_driver() if found else None, "python": platform.python_version(),
             "os": f"{platform.system()} {platform.release()}"}
 
 

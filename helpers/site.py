@@ -1,6 +1,6 @@
 """`make html`: execute every lecture and render the series as a static site.
 
-    python -m helpers.site --out build/html [--smoke] [--only 00_hardware]
+    python -m helpers.site --out build/html [--smoke] [--only 00_hardware] [--save-to FOLDER]
 
 Each notebook in notebooks/ is executed with papermill (full parameters, or SMOKE=True with
 --smoke), then rendered by nbconvert with every figure embedded in the page. The site has an index
@@ -58,10 +58,26 @@ def machine_line(smoke=False):
             f"{d['memory_gib']} GiB, {gpus}, torch {d['torch']}" + (" (SMOKE: small sizes)" if smoke else ""))
 
 
-def execute(src, dst, smoke):
+def knobs(nb_path):
+    """The names the lecture's `parameters` cell assigns (its knobs)."""
+    import ast
+
+    for cell in json.loads(Path(nb_path).read_text())["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return {t.id for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def execute(src, dst, smoke, save_to=None):
+    """Run one lecture with papermill; None, or what failed. save_to: a folder handed to the
+    lectures that have a SAVE_TO knob (they write their measurements there, helpers.archive)."""
     import papermill
 
     params = {"SMOKE": True} if smoke else {}
+    if save_to and "SAVE_TO" in knobs(src):
+        params["SAVE_TO"] = str(Path(save_to).resolve())
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=params, cwd=str(src.parent),
                                    kernel_name="python3", progress_bar=False,
@@ -185,6 +201,8 @@ def main(argv=None):
     ap.add_argument("--out", default="build/html")
     ap.add_argument("--smoke", action="store_true", help="run the lectures with SMOKE=True (fast)")
     ap.add_argument("--only", nargs="*", help="lecture file prefixes, e.g. 00 03_bench")
+    ap.add_argument("--save-to", help="a folder: the lectures that measure hardware (those with a SAVE_TO "
+                                      "knob) write their measurements there, to keep in data/")
     a = ap.parse_args(argv)
     executed_dir = Path(a.out).parent / "executed"
     executed_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +212,7 @@ def main(argv=None):
         t0 = time.time()
         print(f"[{i + 1}/{len(paths)}] executing {src.name} ...", flush=True)
         executed.append(executed_dir / src.name)
-        error = execute(src, executed[-1], a.smoke)
+        error = execute(src, executed[-1], a.smoke, a.save_to)
         if error:
             failed.append(f"{src.name}: {error}")
         print(f"    {'FAILED: ' + error if error else 'ok'} ({time.time() - t0:.0f} s)", flush=True)

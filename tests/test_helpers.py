@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import checks, machine, plots, report, timing, tiny
+from helpers import archive, checks, machine, plots, report, timing, tiny
 from helpers.spawn import spawn
 
 
@@ -151,3 +151,46 @@ def test_on_a_gpu_the_clock_reads_the_device_not_the_launches():
     assert backend == "nccl"
     assert 1e-4 < t["copy"] < 0.5 * t["compute"], t
 
+
+def test_archive_keeps_a_run_with_its_machine_and_reads_it_back(tmp_path):
+    path = archive.save(tmp_path / "here-today", "00_hardware", {"rows": [{"n": 4096, "GB/s": 1.5}]}, {"SMOKE": True})
+    run = archive.load(path)
+    assert run["lecture"] == "00_hardware" and run["measurements"]["rows"][0]["n"] == 4096
+    assert run["machine"] == machine.describe() and run["params"] == {"SMOKE": True}
+    assert [r["created"] for r in archive.runs("00_hardware", data=tmp_path)] == [run["created"]]
+    assert archive.runs("04_cuda_streams", data=tmp_path) == []
+    assert run["created"][:10] in archive.label(run) and machine.cpu_model() in archive.label(run)
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="not a measurements file"):
+        archive.load(tmp_path / "other.json")
+
+
+def test_every_kept_run_names_its_machine_its_day_and_a_lecture_that_plots_it():
+    import json
+    from pathlib import Path
+
+    root = Path(archive.DATA)
+    files = sorted(root.glob("*/*.json"))
+    assert files, "data/ keeps at least one run"
+    lectures = {p.stem: p for p in (root.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    for f in files:
+        run = archive.load(f)
+        assert run["lecture"] == f.stem and f.stem in lectures, f
+        m = run["machine"]
+        assert m["cpu"] and m["cores"] >= 1 and m["torch"] and run["created"][:4].isdigit(), f
+        assert run["measurements"], f
+        code = "".join("".join(c["source"]) for c in json.loads(lectures[f.stem].read_text())["cells"])
+        assert f'archive.runs("{f.stem}")' in code, f"{f.stem} does not plot its kept runs"
+        assert f.parent.name in (root / "README.md").read_text(), f"data/README.md does not list {f.parent.name}"
+    assert any(r["machine"]["gpus"] for f in files for r in [json.loads(f.read_text())]), "no GPU run is kept"
+
+
+def test_the_site_hands_save_to_only_to_lectures_that_have_the_knob():
+    from pathlib import Path
+
+    from helpers import site
+
+    notebooks = Path(archive.DATA).parent / "notebooks"
+    assert "SAVE_TO" in site.knobs(notebooks / "00_hardware.ipynb")
+    assert "SAVE_TO" not in site.knobs(notebooks / "01_collectives.ipynb")
+    assert {"WORLD_SIZE", "SMOKE"} <= site.knobs(notebooks / "01_collectives.ipynb")
