@@ -29,17 +29,69 @@ def check(name, got, expected, rtol=0.0, atol=0.0):
     """Grade an exercise: print whether `got` matches `expected` and return True or False.
 
     Tensors (or lists of them) are compared with torch.testing.assert_close at the given
-    tolerances (exact by default); anything else with ==. Never raises on a wrong answer.
+    tolerances (exact by default); anything else with ==. Never raises on a wrong answer; a wrong
+    one gets one readable line saying how it differs (never a truncated tensor).
     """
-    try:
-        if isinstance(expected, torch.Tensor) or (isinstance(expected, (list, tuple)) and expected
-                                                  and isinstance(expected[0], torch.Tensor)):
-            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
-        elif got != expected:
-            raise AssertionError(f"expected {expected!r}, got {got!r}")
-    except Exception as e:  # noqa: BLE001 - a wrong answer is reported, not raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"[x] {name}: not yet. {first}")
+    reason = difference(got, expected, rtol, atol)
+    if reason:
+        print(f"[x] {name}: not yet. {reason}")
         return False
     print(f"[ok] {name}: right.")
     return True
+
+
+def difference(got, expected, rtol=0.0, atol=0.0):
+    """None when `got` matches `expected`, else one line saying how it differs."""
+    if got is None and expected is not None:
+        return "Your function returned None (not written yet?)."
+    if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Tensor):
+        if not isinstance(got, (list, tuple)):
+            return f"expected a list of {len(expected)}, got {short(got)}."
+        if len(got) != len(expected):
+            return f"expected {len(expected)} values, got {len(got)}."
+        for i, (g, e) in enumerate(zip(got, expected)):
+            why = difference(g, e, rtol, atol)
+            if why:
+                return f"item {i}: {why}" if len(expected) > 1 else why
+        return None
+    if isinstance(expected, torch.Tensor):
+        return _tensor_difference(got, expected, rtol, atol)
+    try:
+        same = got == expected
+        same = bool(same.all()) if isinstance(same, torch.Tensor) else bool(same)
+    except Exception:  # noqa: BLE001 - values that cannot be compared differ
+        same = False
+    return None if same else f"expected {short(expected)}, got {short(got)}."
+
+
+def _tensor_difference(got, expected, rtol, atol):
+    if not isinstance(got, torch.Tensor):
+        try:
+            got = torch.as_tensor(got, dtype=expected.dtype)
+        except Exception:  # noqa: BLE001
+            return f"expected a tensor of shape {tuple(expected.shape)}, got {short(got)}."
+    if got.shape != expected.shape:
+        return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}."
+    try:
+        torch.testing.assert_close(got.to(expected.dtype), expected, rtol=rtol, atol=atol, equal_nan=False)
+        return None
+    except AssertionError:
+        pass
+    g, e = got.detach().double().cpu().flatten(), expected.detach().double().cpu().flatten()
+    bad = ~torch.isclose(g, e, rtol=rtol, atol=atol)
+    worst = int(torch.where(bad, (g - e).abs().nan_to_num(float("inf")), torch.zeros_like(g)).argmax())
+    where = f" at index {worst}" if g.numel() > 1 else ""
+    tol = f" (tolerance rtol={rtol:g}, atol={atol:g})" if rtol or atol else ""
+    return (f"{int(bad.sum())} of {g.numel()} values differ{tol}; e.g.{where} got {g[worst].item():.6g}, "
+            f"expected {e[worst].item():.6g}.")
+
+
+def short(value, limit=80):
+    """A repr of at most `limit` characters (tensors as their shape and first values)."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().flatten()
+        head = ", ".join(f"{v:.4g}" for v in flat[:4].tolist())
+        text = f"tensor of shape {tuple(value.shape)} [{head}{', ...' if flat.numel() > 4 else ''}]"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

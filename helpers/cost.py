@@ -9,7 +9,11 @@ seconds. The models are those of the measurement conventions (nccl-tests' README
     ring reduce-scatter       (K-1) (alpha + N/(K B))            (also ring all-gather)
     ring all-reduce           2(K-1) (alpha + N/(K B))           -> 2(K-1)/K N/B
     naive all-reduce          2(K-1) (alpha + N/B)               (reduce to a root, broadcast back)
-    tree all-reduce           2 ceil(log2 K) (alpha + N/B)       (binary tree, not pipelined)
+    tree all-reduce           a binary tree, not pipelined, one port per rank (tree_all_reduce)
+    in-network all-reduce     2 alpha + N/B                      (NVLS, SHARP: the switch adds)
+
+Every model has one port per rank: a rank sends one message and receives one message at a time,
+each direction at B (full duplex), as NCCL's and nccl-tests' models assume.
 
 busbw factors (algbw x factor = busbw) are nccl-tests' (doc/PERFORMANCE.md):
 all_reduce 2(K-1)/K, reduce_scatter, all_gather and all_to_all (K-1)/K, broadcast, reduce,
@@ -68,8 +72,34 @@ def naive_all_reduce(n, k, bw, alpha=0.0):
 
 
 def tree_all_reduce(n, k, bw, alpha=0.0):
-    """Reduce up a binary tree and broadcast down it: 2 ceil(log2 K) hops of the whole message."""
-    return 2 * math.ceil(math.log2(k)) * (alpha + n / bw) if k > 1 else 0.0
+    """Reduce up a binary tree (rank i's children 2i+1 and 2i+2), then broadcast down it, whole
+    messages, one port per rank: a parent receives its children's messages one after the other, and
+    sends the result to them one after the other. About 4 log2(K) (alpha + N/B) for large K."""
+    if k <= 1:
+        return 0.0
+    step = alpha + n / bw
+
+    def reduced(i):  # when rank i holds the sum of its subtree
+        done = sorted(reduced(c) for c in (2 * i + 1, 2 * i + 2) if c < k)
+        t = 0.0
+        for ready in done:  # one message at a time through the parent's port
+            t = max(t, ready) + step
+        return t
+
+    def received(i, start):  # when the last rank of i's subtree has the result, i holding it at start
+        children = [c for c in (2 * i + 1, 2 * i + 2) if c < k]
+        return max([start] + [received(c, start + (j + 1) * step) for j, c in enumerate(children)])
+
+    return received(0, reduced(0))
+
+
+def in_network_all_reduce(n, k, bw, alpha=0.0):
+    """The switch reduces (NVLink SHARP "NVLS" on NVSwitch, SHARP on InfiniBand switches, which
+    NCCL drives as CollNet across nodes): each rank sends its N bytes once into the switch and
+    receives the sum once, both directions at once, pipelined: about N/B, whatever K. Each rank moves
+    N bytes each way instead of the ring's 2(K-1)/K N, so its busbw (computed with the ring's factor)
+    can exceed the link's bandwidth."""
+    return 2 * alpha + n / bw if k > 1 else 0.0
 
 
 # ------------------------------------------------------------------------- algbw and busbw

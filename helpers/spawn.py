@@ -117,7 +117,7 @@ def describe_launch(world_size, backend="auto"):
             "rendezvous": "a FileStore (a key-value store in a fresh temporary file) that every rank "
                           "opens; torchrun would use a TCPStore at MASTER_ADDR:MASTER_PORT instead",
             "backend": backend, "world_size": world_size,
-            "env per rank": "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, HELPERS_SPAWN_STORE"}
+            "env per rank": "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node), HELPERS_SPAWN_STORE"}
 
 
 # ---------------------------------------------------------------------------------------- a launch
@@ -128,7 +128,7 @@ class _Launch:
         self.pids, self.conns, self.outputs = {}, {}, {}
         self.store = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}.store")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
                    HELPERS_SPAWN_STORE=self.store, HELPERS_SPAWN_RANK="1")
         env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

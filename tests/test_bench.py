@@ -29,6 +29,25 @@ def test_ring_models_follow_their_formulas():
     assert cost.chunked_ring_broadcast(n, k, 10**6, bw) == pytest.approx(n / bw, rel=1e-4)
 
 
+def test_the_tree_model_has_one_port_per_rank():
+    # K=2: one message up, one down. K=4 (0 -> 1, 2; 1 -> 3): rank 0 receives from 2 and 1 one after
+    # the other (2 steps, the second after 1 got 3's), then sends to 1 and 2 in turn, 1 forwards to 3.
+    step = cost.tree_all_reduce(10, 2, 1.0, 0.5) / 2
+    assert step == pytest.approx(10.5)
+    assert cost.tree_all_reduce(10, 4, 1.0, 0.5) == pytest.approx(4 * step)
+    assert cost.tree_all_reduce(10, 7, 1.0, 0.5) == pytest.approx(8 * step)  # up: 2 + 2 messages, down: 2 + 2
+    for k in (8, 64, 1024):  # about 4 log2 K steps: each level 2 messages through one port, each way
+        assert 4 * (math.log2(k) - 1) * step <= cost.tree_all_reduce(10, k, 1.0, 0.5) <= 4 * math.log2(k) * step
+
+
+def test_in_network_reduction_moves_n_bytes_each_way_whatever_k():
+    n, bw = 2**30, 450e9
+    assert cost.in_network_all_reduce(n, 8, bw) == pytest.approx(n / bw)
+    assert cost.in_network_all_reduce(n, 8, bw) < cost.ring_all_reduce(n, 8, bw) < 2 * n / bw
+    busbw = cost.busbw("all_reduce", n, cost.in_network_all_reduce(n, 8, bw), 8)  # exceeds the link's 450
+    assert busbw == pytest.approx(1.75 * bw / 1e9)
+
+
 def test_the_alpha_beta_fit_recovers_exact_parameters():
     sizes = [2**i for i in range(10, 27)]
     fit = cost.fit_alpha_beta(sizes, [20e-6 + n / 3e9 for n in sizes])
@@ -161,3 +180,19 @@ def test_the_command_takes_nccl_tests_letters(tmp_path, capsys):
     assert "nccl-tests' method: 3 calls back to back" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--world-size", "2", "-n", "0", "--no-progress"])
+
+
+def test_collectives_that_take_turns_keep_their_own_times():
+    # Lecture 02 once showed two interleaved all-reduces at the same median to the microsecond; a
+    # function 20 ms slower than the library must come out 20 ms slower, under its own label.
+    import time
+
+    def slow(tensor):
+        time.sleep(0.02)
+        dist.all_reduce(tensor)
+
+    for method in ("per-call", "nccl-tests"):
+        rows = bench.sweep({"library": "all_reduce", "slow": ("all_reduce", slow)}, world_sizes=[2], sizes=[1024],
+                           warmup=1, iters=3, interleave=True, progress=False, method=method)
+        by = {r["collective"]: r["time_us"] for r in rows}
+        assert by["slow"] > 15000 > by["library"] and by["slow"] - by["library"] > 15000, (method, by)

@@ -194,3 +194,21 @@ def test_the_site_hands_save_to_only_to_lectures_that_have_the_knob():
     assert "SAVE_TO" in site.knobs(notebooks / "00_hardware.ipynb")
     assert "SAVE_TO" not in site.knobs(notebooks / "01_collectives.ipynb")
     assert {"WORLD_SIZE", "SMOKE"} <= site.knobs(notebooks / "01_collectives.ipynb")
+
+
+def test_a_wrong_answer_gets_one_readable_line_never_a_truncated_tensor(capsys):
+    big = torch.arange(100, dtype=torch.float64)
+    off = big.clone()
+    off[37] += 0.5
+    assert not checks.check("none", None, big)
+    assert not checks.check("shape", big[:10], big)
+    assert not checks.check("values", off, big, rtol=1e-9)
+    assert not checks.check("list", [1.0, None], [torch.ones(2), torch.ones(2)])
+    assert not checks.check("number", 3.0, 4.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[x] none: not yet. Your function returned None (not written yet?).",
+                     "[x] shape: not yet. expected shape (100,), got shape (10,).",
+                     "[x] values: not yet. 1 of 100 values differ (tolerance rtol=1e-09, atol=0); e.g. at index 37 "
+                     "got 37.5, expected 37.",
+                     "[x] list: not yet. item 0: expected shape (2,), got shape ().",
+                     "[x] number: not yet. expected 4.0, got 3.0."]
