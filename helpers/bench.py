@@ -2,26 +2,29 @@
 
     from helpers import bench
     rows = bench.sweep(["all_reduce", "all_gather"], world_sizes=[2, 4],
-                       sizes=bench.size_range("1K", "64M", 2), warmup=5, iters=20)
+                       sizes=bench.size_range("1K", "64M", 2), warmup=5, iters=20, rounds=5)
     bench.table(rows)                       # size count type redop root time algbw busbw #wrong
 
-The conventions (those of nccl-tests, so that the numbers compare with the field):
-- a size sweep from min to max bytes, multiplied by `factor` each step (powers of two by default);
-- `warmup` untimed runs first (the first collective builds the connections);
-- then `iters` timed runs, each preceded by a barrier, each timed on every rank (CUDA events on a
-  GPU, perf_counter on the CPU); per run the slowest rank's time counts (max over ranks), and the
-  median and spread (10th and 90th percentiles) of those are reported;
-- one departure from nccl-tests, which measures size after size: the runs go in rounds, each round
-  running every size (and, with interleave=True, every collective) once in a freshly shuffled
-  order, so a change in the machine's load falls on all sizes alike. On a shared or virtual
-  machine this keeps one sweep's sizes comparable with each other. Measured on the course's 2-core
-  VM (all-reduce, K=2, 4 KiB-64 MiB, 30 runs per size, 9 sweeps each way, alternating): the
-  alpha-beta fit's median error was 5-41% per sweep (median 13%) size after size, 8-14% (median
-  11%) in shuffled rounds; what lowers it further is more runs (200 rounds: 3-5%, bench/collectives.py);
+The default measurement is nccl-tests' (method="nccl-tests"; its letters on the command line):
+- a size sweep from -b to -e bytes, multiplied by -f each step (powers of two by default);
+- -w warm-up calls first (the first collective builds the connections);
+- then, per size, one barrier and -n calls back to back, the clock read once around the loop (CUDA
+  events recorded on the current stream on a GPU, perf_counter on the CPU): time = loop / n;
+- the ranks' times combined as -a says (0 rank 0, 1 the mean, its default, 2 min, 3 max);
+- -N cycles of that, here in rounds: each round measures every size once, in a freshly shuffled order
+  (the same on every rank), so a change in the machine's load falls on all sizes alike; the median
+  over the rounds is reported, with their 10th and 90th percentiles as the spread. (nccl-tests runs
+  its cycles size after size; the shuffled order is our one departure, and rounds=1 is nccl-tests.)
 - algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);
-- every benchmarked collective is checked: inputs hold small integers, so the result is exact in
-  any order of summation, and the elements that differ from the expected result are counted
-  (nccl-tests' `#wrong`).
+- -c 1: every benchmarked collective is checked once more after timing, from restored inputs: inputs
+  hold small integers, so the result is exact in any order of summation, and the elements that
+  differ from the expected result are counted (nccl-tests' `#wrong`).
+
+A second measurement, named as such (method="per-call", --method per-call): a barrier before every
+call, each call timed on every rank, per call the slowest rank's time, then the median and the
+10th-90th percentiles over the calls. It measures the distribution of one call's latency, including
+the barrier's release skew: useful on a noisy machine or for a latency-bound call, not comparable
+with nccl-tests' numbers (lecture 03 runs both and shows where they differ).
 
 Any callable can be benchmarked in place of the library's collective, as long as it has the same
 meaning: pass `{"my ring": ("all_reduce", my_ring_all_reduce)}` and the harness makes the buffers,
