@@ -112,12 +112,11 @@ def _run(req):
     torch.set_num_threads(req["threads"])
     fn, args = cloudpickle.loads(req["payload"])
     rank, world_size, backend = req["rank"], req["world_size"], req["backend"]
-    extra = {}
-    if backend == "nccl":  # the rank's GPU, named to the group: no barrier has to guess it
+    if backend == "nccl":  # the rank's GPU, named to the group (device_id): no barrier has to guess it
         torch.cuda.set_device(rank)
-        extra["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(backend, store=dist.FileStore(req["store"], world_size), rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=req["timeout"]), **extra)
+                            world_size=world_size, timeout=timedelta(seconds=req["timeout"]),
+                            device_id=torch.device("cuda", rank) if backend == "nccl" else None)
     value = fn(rank, world_size, *args)
     return _to_cpu(value)
 

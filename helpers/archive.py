@@ -38,8 +38,7 @@ def load(path):
 
 def runs(lecture, data=DATA):
     """Every run of `lecture` kept in data/*/, oldest first ([] when there is none)."""
-    runs = [load(p) for p in sorted(Path(data).glob(f"*/{lecture}.json"))]
-    return sorted(runs, key=lambda r: r["created"])
+    return sorted((load(p) for p in Path(data).glob(f"*/{lecture}.json")), key=lambda r: r["created"])
 
 
 def label(run):

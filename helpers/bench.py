@@ -268,23 +268,6 @@ def _time_loop(case, dev, iters):
     return (time.perf_counter() - t0) / iters
 
 
-def _time_once(case, dev):
-    """Barrier, then one timed call of the collective on this rank (seconds)."""
-    import torch
-
-    _start_together(case, dev)
-    if dev.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        case.run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    case.run()
-    return time.perf_counter() - t0
-
-
 def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", check=True,
                  progress=False, seed=0, method="nccl-tests", rounds=1):
     """Run in every rank: for each (label, kind, fn) in plan and each size, this rank's timings.
@@ -307,6 +290,8 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
 
     from helpers.spawn import device
 
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}.")
     dev = device()
     dt = getattr(torch, dtype)
     pools = {label: {} for label, _, _ in plan}  # largest size first: the pool's buffers fit them all
@@ -316,12 +301,10 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
         for _ in range(warmup):
             case.reset()
             case.run()
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}.")
     times = {key: [] for key in cases}
     wrong = {key: -1 for key in cases}
     order, rng = list(cases), random.Random(seed)
-    n_rounds = iters if method == "per-call" else rounds
+    n_rounds, calls = (iters, 1) if method == "per-call" else (rounds, iters)   # rounds; calls timed per round
     bar = None
     if progress and rank == 0:
         from tqdm import tqdm
@@ -330,10 +313,7 @@ def measure_rank(rank, world_size, plan, sizes, warmup, iters, dtype="float32", 
     for r in range(n_rounds):
         rng.shuffle(order)
         for key in order:
-            if method == "per-call":
-                times[key].append(_time_once(cases[key], dev))
-            else:
-                times[key].append(_time_loop(cases[key], dev, iters))
+            times[key].append(_time_loop(cases[key], dev, calls))
             if check and r == n_rounds - 1:  # checked at once: the next case may share its buffers
                 if method != "per-call":
                     cases[key].reset()
@@ -431,14 +411,13 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
         raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}.")
     if average not in AVERAGE:
         raise ValueError(f"average must be one of {sorted(AVERAGE)} (nccl-tests' -a), got {average!r}.")
-    how = dict(seed=0, method=method, rounds=rounds)
     if isinstance(world_sizes, int):
         world_sizes = [world_sizes]
     rows = []
     if under_torchrun():
         k = int(os.environ["WORLD_SIZE"])
         per_rank = spawn(measure_rank, k, args=(plan, sizes, warmup, iters, dtype, check, progress,
-                                                *how.values()), backend=backend)
+                                                0, method, rounds), backend=backend)
         return combine(per_rank, k, dtype, average)
     jobs = [(k, plan) for k in world_sizes] if interleave else \
         [(k, [p]) for k in world_sizes for p in plan]
@@ -452,7 +431,7 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
             if bar is not None:
                 bar.set_postfix_str(f"{', '.join(g[0] for g in group)} on {k} ranks")
             per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False,
-                                                    *how.values()),
+                                                    0, method, rounds),
                              backend=backend, timeout=timeout, threads=threads)
             rows += combine(per_rank, k, dtype, average)
             if bar is not None:
@@ -616,19 +595,18 @@ def main(argv=None):
     if a.rounds < 1 or a.iters < 1 or a.warmup < 0:
         p.error(f"need -n >= 1, -N >= 1 and -w >= 0, got {a.iters}, {a.rounds} and {a.warmup}")
     sizes = size_range(a.min_bytes, a.max_bytes, a.factor)
-    how = dict(method=a.method, rounds=a.rounds)
     hosts = []
     if torchrun:
         from helpers.spawn import spawn  # under torchrun: joins the group, runs in this process
 
         plan = _plan(list(names))
         per_rank = spawn(measure_rank, k, args=(plan, sizes, a.warmup, a.iters, a.dtype, bool(a.check),
-                                                not a.no_progress, 0, *how.values()), backend=a.backend)
+                                                not a.no_progress, 0, a.method, a.rounds), backend=a.backend)
         rows = combine(per_rank, k, a.dtype, a.average)
         hosts = sorted({r["host"] for r in per_rank})
     else:
         rows = sweep(list(names), [k], sizes, a.warmup, a.iters, a.dtype, a.backend, bool(a.check),
-                     not a.no_progress, average=a.average, **how)
+                     not a.no_progress, average=a.average, method=a.method, rounds=a.rounds)
     if rank != 0:
         return rows
     from helpers.machine import banner

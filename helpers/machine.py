@@ -1,4 +1,5 @@
 """What machine a measurement was taken on, stated at the top of every lecture."""
+import functools
 import os
 import platform
 import shutil
@@ -46,8 +47,10 @@ def gpus():
             for i in range(torch.cuda.device_count())]
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_driver():
-    """The NVIDIA driver's version as nvidia-smi reports it, or None (no nvidia-smi, no GPU)."""
+    """The NVIDIA driver's version as nvidia-smi reports it, or None (no nvidia-smi, no GPU).
+    Asked once per process: it cannot change while the process runs, and nvidia-smi is slow."""
     if not shutil.which("nvidia-smi"):
         return None
     try:

@@ -375,11 +375,9 @@ def _run_in_place(fn, world_size, args, backend):
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
     if not dist.is_initialized():
         backend = resolve_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)), backend)
-        extra = {}
         if backend == "nccl":
             torch.cuda.set_device(local)
-            extra["device_id"] = torch.device("cuda", local)
-        dist.init_process_group(backend, **extra)
+        dist.init_process_group(backend, device_id=torch.device("cuda", local) if backend == "nccl" else None)
         atexit.register(dist.destroy_process_group)
     value = fn(rank, size, *args)
     from helpers._worker import _to_cpu
