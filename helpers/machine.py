@@ -77,6 +77,12 @@ def oversubscribed(world_size, threads_per_rank=1):
     return world_size * threads_per_rank > usable_cores()
 
 
+def timed_ranks(world_size, least=1):
+    """The ranks a timing runs on: `world_size`, but at most one per usable core (the series'
+    convention, so that ranks do not take turns on the cores), and at least `least`."""
+    return max(least, min(world_size, usable_cores()))
+
+
 def banner(world_size=None, backend=None):
     """One paragraph: the machine, and whether the ranks outnumber its cores."""
     d = describe()
