@@ -23,6 +23,8 @@ from multiprocessing.connection import Connection
 
 import cloudpickle
 
+from helpers import stacks
+
 
 # Imported once by the server, inherited by every rank. torch.distributed.tensor is here because
 # cloudpickle lists it as a submodule to import whenever the notebook has loaded it (assert_close
@@ -78,6 +80,7 @@ def _rank(fd):
     os.environ.update(req["env"])
     sys.path[:] = req["sys_path"]
     os.chdir(req["cwd"])
+    stacks.listen(req["stack_path"])  # on a hang the launcher asks where this rank waits
 
     # The parent closing its end (done, or killed) ends this rank, whatever it is doing.
     threading.Thread(target=_exit_when_released, args=(conn,), daemon=True).start()

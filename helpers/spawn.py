@@ -8,6 +8,8 @@
 order, tensors moved to the CPU. What the ranks print is shown afterwards, labelled by rank, rank 0
 first. A rank that raises, dies or hangs becomes one readable exception here, and no worker is left
 running. Under `torchrun` the same call joins the existing group instead and runs `fn` in place.
+After a hang the exception shows, for every rank still running, where it was waiting: its Python
+stack, read while it hung (`helpers/stacks.py`).
 
 How it is fast: a fork server (`helpers/_worker.py`) imports torch once; each rank is a fork of it.
 How ranks find each other: a FileStore in a fresh temporary file per launch (all ranks are on this
@@ -16,7 +18,6 @@ address `::ffff:127.0.0.1` with a reverse DNS lookup, and one lookup in ~25 wait
 5 s timeout, stalling a whole launch.
 """
 import atexit
-import linecache
 import os
 import pickle
 import shutil
@@ -28,6 +29,8 @@ import tempfile
 import time
 import uuid
 from multiprocessing.connection import Connection, wait
+
+from helpers import stacks
 
 BACKENDS = ("auto", "gloo", "nccl")
 GRACE_S = 0.3  # after a first error, how long to wait for the other ranks' own errors
@@ -125,7 +128,7 @@ def describe_launch(world_size, backend="auto"):
 class _Launch:
     def __init__(self, world_size, backend, timeout, threads, payload):
         self.world_size, self.timeout = world_size, timeout
-        self.pids, self.conns, self.outputs = {}, {}, {}
+        self.pids, self.conns, self.outputs, self.stacks = {}, {}, {}, {}
         self.store = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}.store")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
@@ -152,10 +155,11 @@ class _Launch:
         except EOFError:
             raise SpawnError("the launcher's fork server exited before starting rank "
                              f"{rank}; run the cell again (it starts a new one).") from None
-        self.outputs[rank] = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}-rank{rank}.log")
+        name = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}-rank{rank}")
+        self.outputs[rank], self.stacks[rank] = name + ".log", name + ".stack"
         env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank))
-        conn.send_bytes(pickle.dumps(dict(self.base, rank=rank, env=env,
-                                          out_path=self.outputs[rank])))
+        conn.send_bytes(pickle.dumps(dict(self.base, rank=rank, env=env, out_path=self.outputs[rank],
+                                          stack_path=self.stacks[rank])))
 
     def _collect(self):
         deadline = time.monotonic() + self.timeout
@@ -202,7 +206,7 @@ class _Launch:
                              + (f"\nIts last output:\n{last}" if last else ""))
         else:
             _, kind, message, frames, original = reply
-            tb = _format_frames(frames)
+            tb = stacks.format_frames(frames)
             err = SpawnError(f"rank {rank} of {self.world_size} raised {kind}: {message}{also}\n\n"
                              f"Traceback of rank {rank} (most recent call last):\n{tb}")
             err.original = original
@@ -212,9 +216,11 @@ class _Launch:
     def _timeout(self, stuck, done):
         lines = [f"spawn timed out after {self.timeout:g} s: rank(s) {stuck} of {self.world_size} "
                  f"had not finished" + (f" (rank(s) {done} had returned)." if done else ".")]
+        found = stacks.capture({rank: (self.pids[rank], self.stacks[rank]) for rank in stuck})
         for rank in stuck:
             last = _last_lines(self.outputs[rank])
             lines.append(f"Last output of rank {rank}: " + (f"\n{last}" if last else "(nothing)"))
+            lines.append(stacks.describe(rank, found[rank]))
         lines.append("A rank that skips a collective, or a send without its matching recv, hangs "
                      "like this; all ranks have been ended.")
         err = SpawnTimeout("\n".join(lines))
@@ -233,8 +239,9 @@ class _Launch:
                 time.sleep(0.005)
         for rank in sorted(self.outputs):
             _print_labelled(rank, self.outputs[rank])
-        if os.path.exists(self.store):
-            os.unlink(self.store)
+        for path in [self.store, *self.stacks.values()]:
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def _print_labelled(rank, path):
@@ -254,17 +261,6 @@ def _last_lines(path, n=5):
             return "\n".join("    " + line for line in f.read().splitlines()[-n:])
     except FileNotFoundError:
         return ""
-
-
-def _format_frames(frames):
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = []
-    for filename, lineno, name, line in frames:
-        if os.path.dirname(os.path.abspath(filename)) == here and filename.endswith("_worker.py"):
-            continue  # the launcher's own frames tell a student nothing
-        line = line or linecache.getline(filename, lineno).strip()  # notebook cells live here
-        out.append(f'  File "{filename}", line {lineno}, in {name}' + (f"\n    {line}" if line else ""))
-    return "\n".join(out)
 
 
 def _alive(pid):

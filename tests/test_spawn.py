@@ -1,5 +1,6 @@
 """The launcher's contract (DESIGN.md, `helpers/spawn.py`), one test or more per bullet."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import spawn as launcher
+from helpers import stacks
 from helpers.spawn import SpawnError, SpawnTimeout, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,6 +161,60 @@ def test_a_hang_ends_within_the_timeout_naming_the_ranks_that_had_not_finished(t
     assert "rank 2 before the barrier" in message
     assert info.value.ranks == [0, 2, 3]
     assert wait_gone(read_pids(tmp_path, 4))
+
+
+def test_a_hang_shows_where_each_stuck_rank_was_waiting_and_leaves_no_file(tmp_path):
+    def skips_a_collective(rank, world_size, folder):
+        write_pid(folder, rank)
+        t = torch.ones(1)
+        if rank != 1:  # rank 1 returns: ranks 0 and 2 wait in the all-reduce for it
+            dist.all_reduce(t)
+        return rank
+
+    start = time.monotonic()
+    with pytest.raises(SpawnTimeout) as info:
+        spawn(skips_a_collective, 3, args=(str(tmp_path),), timeout=3)
+    assert time.monotonic() - start < 3 + 5
+    message = str(info.value)
+    for rank in (0, 2):
+        where = message.split(f"Rank {rank} was waiting in (most recent call last):\n")[1]
+        assert where.startswith(f'  File "{__file__}", line ')  # the user's frame comes first
+        assert "in skips_a_collective\n    dist.all_reduce(t)\n" in where
+        assert where.index("dist.all_reduce(t)") < where.index(", in all_reduce\n")  # torch's, below
+    assert "Rank 1" not in message  # it had returned: nothing to show
+    assert "_worker.py" not in message
+    assert wait_gone(read_pids(tmp_path, 3))
+    assert not [f for f in os.listdir(launcher._tmpdir()) if f.endswith(".stack")]
+
+
+def test_a_stack_dump_is_read_as_the_frames_of_the_thread_that_ran_fn():
+    worker = os.path.join(ROOT, "helpers", "_worker.py")
+    torch_dir = os.path.dirname(torch.__file__)
+    dump = textwrap.dedent(f"""\
+        Thread 0x00007f0000000002 (most recent call first):
+          File "{worker}", line 98 in _exit_when_released
+
+        Current thread 0x00007f0000000001 (most recent call first):
+          File "{torch_dir}/d.py", line 4 in wait
+          File "{torch_dir}/c.py", line 3 in c
+          File "{torch_dir}/b.py", line 2 in b
+          File "{torch_dir}/a.py", line 1 in a
+          File "/a/notebook/cell.py", line 10 in fn
+          File "{worker}", line 120 in _run
+          File "{worker}", line 85 in _rank
+          File "<frozen runpy>", line 88 in _run_code
+        """)
+    frames = stacks.fn_frames(dump)
+    assert [(name, line) for _, line, name, _ in frames] == [("fn", 10), ("a", 1), ("b", 2), ("c", 3),
+                                                              ("wait", 4)]
+    text = stacks.describe(3, frames).splitlines()
+    assert text[0] == "Rank 3 was waiting in (most recent call last):"
+    assert text[1] == '  File "/a/notebook/cell.py", line 10, in fn'
+    assert text[2] == "  ... (library frames not shown: 1)"  # of torch's 4, the last 3 are shown
+    assert [line.split()[-1] for line in text[3:]] == ["b", "c", "wait"]
+    assert stacks.fn_frames("Thread 0x1 (most recent call first):\n  <no Python frame>\n") is None
+    assert stacks.describe(1, None) == ("Rank 1: its stack could not be read (it had ended, or was "
+                                        "no longer in fn).")
 
 
 def test_a_rank_that_dies_before_returning_is_a_failure(tmp_path):
@@ -382,12 +438,20 @@ def test_under_torchrun_it_joins_the_group_and_runs_in_place(tmp_path):
 
 # ----------------------------------------------------------------------------- a Jupyter kernel
 
-def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
+def run_in_a_kernel(folder, *cells):
+    """Execute the cells in a fresh Jupyter kernel (nbclient), as a notebook runs them; their text."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(src)) for src in [
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(src)) for src in cells]
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    return ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells]
+
+
+def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
+    out = run_in_a_kernel(tmp_path,
         """
         import torch, torch.distributed as dist
         from helpers.spawn import spawn, SpawnError
@@ -418,14 +482,32 @@ def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
         except SpawnError as e:
             print(e)
         """,
-    ]]
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = lambda cell: "".join(o.get("text", "") for o in cell.outputs)  # noqa: E731
-    assert text(nb.cells[1]).splitlines() == ["[rank 0] sum is 21.0", "[rank 1] sum is 21.0",
-                                             "values [63.0, 63.0]"]
-    err = text(nb.cells[2])
-    assert "rank 0 of 2 raised KeyError" in err and 'raise KeyError("missing on purpose")' in err
+    )
+    assert out[1].splitlines() == ["[rank 0] sum is 21.0", "[rank 1] sum is 21.0", "values [63.0, 63.0]"]
+    assert "rank 0 of 2 raised KeyError" in out[2] and 'raise KeyError("missing on purpose")' in out[2]
+
+
+def test_a_hang_in_a_real_kernel_shows_the_line_of_the_cell_where_a_rank_waits(tmp_path):
+    out = run_in_a_kernel(tmp_path,
+        "from helpers.spawn import spawn, warm_up, SpawnTimeout; warm_up()",
+        f"""
+        import os, torch, torch.distributed as dist
+        def skips_a_collective(rank, world_size):
+            open(os.path.join({str(tmp_path)!r}, f"{{rank}}.pid"), "w").write(str(os.getpid()))
+            t = torch.ones(1)
+            if rank == 0:
+                dist.all_reduce(t)  # rank 1 never joins
+        try:
+            spawn(skips_a_collective, 2, timeout=3)
+        except SpawnTimeout as e:
+            print(e)
+        """,
+    )
+    assert "Rank 0 was waiting in (most recent call last):\n" in out[1], out[1]
+    assert re.search(r'File ".*ipykernel.*", line \d+, in skips_a_collective\n'
+                     r'    dist.all_reduce\(t\)  # rank 1 never joins\n', out[1]), out[1]
+    assert "Rank 1" not in out[1]
+    assert wait_gone(read_pids(tmp_path, 2))
 
 
 def test_interrupting_the_kernel_ends_every_rank(tmp_path):
