@@ -212,3 +212,18 @@ def test_a_wrong_answer_gets_one_readable_line_never_a_truncated_tensor(capsys):
                      "got 37.5, expected 37.",
                      "[x] list: not yet. item 0: expected shape (2,), got shape ().",
                      "[x] number: not yet. expected 4.0, got 3.0."]
+
+
+def test_the_tiny_transformer_is_seeded_causal_and_learnable_data_is_deterministic():
+    a, b = tiny.transformer(seed=3), tiny.transformer(seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(next(tiny.transformer(seed=4).parameters()), next(a.parameters()))
+    ids, targets = tiny.tokens(2, seq=12, seed=1)
+    assert torch.equal(ids, tiny.tokens(2, seq=12, seed=1)[0]) and torch.equal(ids[:, 1:], targets[:, :-1])
+    changed = ids.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 64          # change only the later tokens
+    out, out2 = a(ids), a(changed)
+    torch.testing.assert_close(out[:, :8], out2[:, :8], rtol=0, atol=1e-12)   # causal: the past never sees them
+    assert not torch.equal(out[:, 8:], out2[:, 8:])
+    half = (tiny.lm_loss(a(ids[:1]), targets[:1]) + tiny.lm_loss(a(ids[1:]), targets[1:])) / 2
+    torch.testing.assert_close(half, tiny.lm_loss(out, targets), rtol=1e-12, atol=0)
