@@ -31,12 +31,21 @@ class Block(nn.Module):
 
 def model(dim=32, hidden=128, depth=4, seed=0, dtype=torch.float64, device="cpu"):
     """A Sequential of `depth` Blocks with deterministic parameters (seeded generator, no global RNG)."""
+    return _seeded(nn.Sequential(*[Block(dim, hidden) for _ in range(depth)]), seed, dtype, device)
+
+
+def _seeded(m, seed, dtype, device, is_norm=lambda name: False):
+    """m's parameters drawn from a seeded generator, uniform in +-1/sqrt(fan_in), in order; a norm's
+    (is_norm(name)) weight 1 and bias 0 instead."""
     g = torch.Generator().manual_seed(seed)
-    m = nn.Sequential(*[Block(dim, hidden) for _ in range(depth)]).to(dtype)
+    m = m.to(dtype)
     with torch.no_grad():
-        for p in m.parameters():
-            fan_in = p.shape[-1] if p.dim() > 1 else p.shape[0]
-            p.copy_((torch.rand(p.shape, generator=g, dtype=dtype) * 2 - 1) / fan_in ** 0.5)
+        for name, p in m.named_parameters():
+            if is_norm(name):
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            else:
+                fan_in = p.shape[-1] if p.dim() > 1 else p.shape[0]
+                p.copy_((torch.rand(p.shape, generator=g, dtype=dtype) * 2 - 1) / fan_in ** 0.5)
     return m.to(device)
 
 
@@ -106,16 +115,8 @@ class Transformer(nn.Module):
 def transformer(vocab=64, dim=32, heads=4, depth=2, max_seq=64, seed=0, dtype=torch.float64, device="cpu"):
     """The tiny GPT: deterministic parameters (seeded generator, no global RNG), float64 by default.
     LayerNorms start at weight 1, bias 0; everything else uniform in +-1/sqrt(fan_in)."""
-    g = torch.Generator().manual_seed(seed)
-    m = Transformer(vocab, dim, heads, depth, max_seq).to(dtype)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if ".ln" in name or name.startswith("ln."):
-                p.fill_(1.0 if name.endswith("weight") else 0.0)
-            else:
-                fan_in = p.shape[-1] if p.dim() > 1 else p.shape[0]
-                p.copy_((torch.rand(p.shape, generator=g, dtype=dtype) * 2 - 1) / fan_in ** 0.5)
-    return m.to(device)
+    return _seeded(Transformer(vocab, dim, heads, depth, max_seq), seed, dtype, device,
+                   is_norm=lambda name: ".ln" in name or name.startswith("ln."))
 
 
 def tokens(n, seq, vocab=64, seed=1, device="cpu"):
