@@ -31,10 +31,10 @@ class Block(nn.Module):
 
 def model(dim=32, hidden=128, depth=4, seed=0, dtype=torch.float64, device="cpu"):
     """A Sequential of `depth` Blocks with deterministic parameters (seeded generator, no global RNG)."""
-    return _seeded(nn.Sequential(*[Block(dim, hidden) for _ in range(depth)]), seed, dtype, device)
+    return seeded(nn.Sequential(*[Block(dim, hidden) for _ in range(depth)]), seed, dtype, device)
 
 
-def _seeded(m, seed, dtype, device, is_norm=lambda name: False):
+def seeded(m, seed=0, dtype=torch.float64, device="cpu", is_norm=lambda name: False):
     """m's parameters drawn from a seeded generator, uniform in +-1/sqrt(fan_in), in order; a norm's
     (is_norm(name)) weight 1 and bias 0 instead."""
     g = torch.Generator().manual_seed(seed)
@@ -115,7 +115,7 @@ class Transformer(nn.Module):
 def transformer(vocab=64, dim=32, heads=4, depth=2, max_seq=64, seed=0, dtype=torch.float64, device="cpu"):
     """The tiny GPT: deterministic parameters (seeded generator, no global RNG), float64 by default.
     LayerNorms start at weight 1, bias 0; everything else uniform in +-1/sqrt(fan_in)."""
-    return _seeded(Transformer(vocab, dim, heads, depth, max_seq), seed, dtype, device,
+    return seeded(Transformer(vocab, dim, heads, depth, max_seq), seed, dtype, device,
                    is_norm=lambda name: ".ln" in name or name.startswith("ln."))
 
 
