@@ -1,0 +1,239 @@
+"""Tests of helpers/planner.py and helpers/paper.py: memory and time computed by hand, feasibility rules,
+ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
+the alpha-beta inversion, and the paper's table against itself. Fast: no process group."""
+import math
+
+import pytest
+import torch
+
+from helpers import cost, paper, planner, tiny
+
+# A toy model and cluster whose numbers can be followed by hand.
+TOY = {"layers": 4, "hidden": 8, "heads": 2, "vocab": 16, "seq": 4, "params": 1000}
+CLUSTER = {"gpus_per_node": 4, "nodes": 2, "memory": 1e9, "peak_flops": 1000.0, "efficiency": 0.5,
+           "intra_bw": 100.0, "intra_alpha": 0.5, "inter_bw": 10.0, "inter_alpha": 1.0}
+
+
+def test_memory_by_hand():
+    # dp=2 tp=2 pp=2, ZeRO-1, no recomputation, sequence parallel, b=1, batch 4 -> m = 2.
+    mem = planner.memory(TOY, CLUSTER, 4, 1, 2, 2, 2, zero=1, recompute="none", sequence_parallel=True)
+    local = (1000 - 128) / 4 + 128 / 2                 # layers / (tp pp) + word embedding V h / tp = 282
+    assert planner.stage_params(TOY, 2, 2) == local and planner.stage_params(TOY, 2, 1) == 1000 / 2
+    assert mem["params"] == 2 * local                  # bf16, not sharded below ZeRO-3
+    assert mem["grads"] == 2 * local                   # not sharded below ZeRO-2
+    assert mem["optim"] == 12 * local / 2              # ZeRO-1 shards the 12 bytes over dp = 2
+    per_layer = 4 * 1 * 8 * (34 + 5 * 2 * 4 / 8) / 2   # s b h (34 + 5as/h) / t = 624
+    assert mem["activations"] == 2 * per_layer * 2     # L/pp = 2 layers, min(pp, m) = 2 in flight
+    assert mem["working"] == 0
+    assert mem["total"] == 564 + 564 + 1692 + 2496
+
+
+def test_memory_zero3_full_recompute_and_no_sp():
+    mem = planner.memory(TOY, CLUSTER, 8, 1, 2, 2, 2, zero=3, recompute="full", sequence_parallel=False)
+    assert (mem["params"], mem["grads"], mem["optim"]) == (282, 282, 1692)   # everything / dp
+    # full recomputation keeps 2 s b h per layer, not divided by t without sequence parallelism;
+    # m = 8 / 2 = 4 micro-batches, stage 0 holds min(pp=2, 4) = 2
+    assert mem["activations"] == 2 * (2 * 4 * 8) * 2
+    # working: one layer rematerialised, s b h (10 + (24 + 5as/h)/t), and ZeRO-3's gathered layer
+    assert mem["working"] == 4 * 8 * (10 + (24 + 5) / 2) + 2 * 2 * 2 * 12 * 64 / 2
+
+
+def test_activation_formulas():
+    sbh = 4 * 1 * 8
+    f = planner.activation_bytes_per_layer
+    assert f(TOY, 1, 1, "none", True) == sbh * 39       # 34 + 5as/h = 34 + 5
+    assert f(TOY, 1, 1, "selective", False) == sbh * 34  # tp = 1: with or without sp the same
+    assert f(TOY, 1, 2, "selective", True) == sbh * 17
+    assert f(TOY, 1, 2, "selective", False) == sbh * 22  # 10 + 24/2
+    assert f(TOY, 2, 2, "full", True) == 2 * 2 * sbh / 2
+
+
+def test_step_time_by_hand():
+    t = planner.step_time(TOY, CLUSTER, 4, 1, 2, 2, 2, zero=1, recompute="none")
+    one_forward = 24 * 4 * 4 * 4 * 64 * (1 + 4 / 48)    # 24 B s l h^2 (1 + s/6h) = 106496
+    flops = 3 * one_forward + 6 * 4 * 4 * 8 * 16         # + logits 6 B s h V
+    assert t["compute"] == pytest.approx(flops / (8 * 1000 * 0.5))          # 82.944
+    ar_tp = 2 * 1 * (0.5 + 64 / (2 * 100))                # ring all-reduce of 2bsh = 64 B on 2 ranks
+    assert t["tensor"] == pytest.approx(2 * 2 * 4 * ar_tp)                  # L/pp * m * 4 * 1.64
+    assert t["p2p"] == pytest.approx(2 * 2 * (1.0 + 64 / 2 / 10))           # 8 GPUs > a node: network
+    assert t["bubble"] == pytest.approx((2 - 1) / 2 * (82.944 + 26.24 + 16.8))
+    assert t["data"] == pytest.approx(2 * 1 * (0.5 + 564 / (2 * 100)))      # stage 0's 282 bf16 params, inside the node
+    assert t["total"] == pytest.approx(82.944 + 26.24 + 16.8 + 62.992 + 6.64)
+
+
+def test_zero_traffic_and_overlap():
+    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)                  # m = 4
+    ag = 1 * (0.5 + 564 / (2 * 100))                      # gather / reduce-scatter of 564 B on 2 ranks
+    assert planner.step_time(*args, zero=0, recompute="none")["data"] == pytest.approx(2 * ag)
+    assert planner.step_time(*args, zero=2, recompute="none")["data"] == pytest.approx(4 * ag + ag)
+    assert planner.step_time(*args, zero=3, recompute="none")["data"] == pytest.approx(4 * 3 * ag)
+    assert planner.step_time(*args, zero=3, recompute="full")["data"] == pytest.approx(4 * 4 * ag)
+    assert planner.step_time(*args, zero=0, recompute="none", overlap=0.75)["data"] == pytest.approx(0.5 * ag)
+
+
+def test_flops_formulas():
+    gpt3 = {"layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200, "seq": 2048, "params": None}
+    assert planner.param_count(gpt3) == pytest.approx(174.6e9, abs=0.05e9)   # Eq. 2
+    assert planner.executed_flops(gpt3, 8, "full") == pytest.approx(planner.paper_flops(gpt3, 8))
+    assert planner.executed_flops(gpt3, 8, "none") == pytest.approx(
+        planner.paper_flops(gpt3, 8) - 24 * 8 * 2048 * 96 * 12288 ** 2 * (1 + 2048 / (6 * 12288)))
+
+
+def test_feasibility_rules():
+    six_heads = dict(TOY, heads=6)
+    assert "heads" in planner.check(six_heads, CLUSTER, 8, 1, 2, 4, 1)
+    assert all(tp in (1, 2) for _, tp, _ in planner.layouts(8, 4, 6, 4))      # 4 does not divide 6
+    assert "layers" in planner.check(TOY, CLUSTER, 8, 1, 1, 1, 8)             # pp = 8 > 4 layers
+    assert "node" in planner.check(dict(TOY, heads=4), dict(CLUSTER, gpus_per_node=2, nodes=4), 8, 1, 2, 4, 1)
+    assert "batch" in planner.check(TOY, CLUSTER, 6, 1, 4, 2, 1)              # 6 % 4
+    assert "GPUs" in planner.check(TOY, CLUSTER, 8, 1, 1, 2, 2)
+    with pytest.raises(ValueError):
+        planner.evaluate(six_heads, CLUSTER, 8, 1, 2, 4, 1)
+    assert planner.check(TOY, CLUSTER, 8, 1, 2, 2, 2) is None
+
+
+def test_memory_budget_excludes():
+    everything = planner.plan(TOY, CLUSTER, 8)
+    budget = sorted(r["memory"]["total"] for r in everything)[len(everything) // 2]
+    tight = planner.plan(TOY, dict(CLUSTER, memory=budget), 8)
+    assert 0 < len(tight) < len(everything)
+    assert all(r["memory"]["total"] <= budget for r in tight)
+    reserved = planner.plan(TOY, dict(CLUSTER, memory=budget, reserve=0.1), 8)   # 10 % kept free
+    assert 0 < len(reserved) < len(tight) and all(r["memory"]["total"] <= 0.9 * budget for r in reserved)
+    assert len(planner.plan(TOY, dict(CLUSTER, memory=1.0), 8)) == 0
+
+
+def test_rates_never_above_peak_times_efficiency():
+    # executed FLOP/s count only work done: at most peak x efficiency; the paper's metric (Eq. 3) equals
+    # it with full recomputation and exceeds it without (it counts a forward that did not run)
+    for r in planner.plan(TOY, CLUSTER, 8):
+        cap = CLUSTER["peak_flops"] * CLUSTER["efficiency"] / 1e12
+        assert 0 < r["executed"] <= cap * (1 + 1e-12) and r["mfu"] <= CLUSTER["efficiency"]
+        if r["recompute"] == "full":
+            assert r["tflops"] == pytest.approx(r["executed"])
+        else:
+            assert r["tflops"] > r["executed"]
+
+
+def test_ranking_order():
+    ranked = planner.plan(TOY, CLUSTER, 8)
+    keys = [(r["time"]["total"], r["memory"]["total"]) for r in ranked]
+    assert keys == sorted(keys)
+    # the first is the fastest of every valid configuration, found independently
+    best = min((planner.evaluate(TOY, CLUSTER, 8, b, dp, tp, pp, z, rc)
+                for dp, tp, pp in planner.layouts(8, 4, 2, 4) for b in (1, 2, 4, 8) for z in range(4)
+                for rc in planner.RECOMPUTE if planner.check(TOY, CLUSTER, 8, b, dp, tp, pp) is None),
+               key=lambda r: r["time"]["total"])
+    assert ranked[0]["time"]["total"] == best["time"]["total"]
+    layouts = planner.best_per_layout(ranked)
+    assert len({(r["dp"], r["tp"], r["pp"]) for r in layouts}) == len(layouts)
+
+
+def test_slow_network_keeps_gradients_inside_the_node():
+    # big weights, tiny activations, a slow network: the gradient all-reduce must not cross it,
+    # so the planner pipelines across nodes (the paper's Takeaway #1 in the small)
+    model = dict(TOY, params=10 ** 7)
+    slow = dict(CLUSTER, inter_bw=1e3, intra_bw=1e9, peak_flops=1e9)
+    best = planner.plan(model, slow, 8, recomputes=("none",))[0]
+    assert best["tp"] * best["dp"] <= slow["gpus_per_node"] and best["pp"] > 1
+
+
+def test_ring_costs_are_the_helpers():
+    # one definition of lecture 02's ring formulas in the series
+    assert planner.ring_all_reduce is cost.ring_all_reduce and planner.ring_all_gather is cost.ring_all_gather
+
+
+# ------------------------------------------------------------- small-model mode (nd3d's tiny GPT)
+
+CFG = dict(vocab=64, dim=32, heads=4, depth=4, seq=16, batch=8)
+MACHINE = {"flops": 1e9, "ar_alpha": 1e-4, "ar_bw": 1e9, "p2p_alpha": 2e-4, "p2p_bw": 5e8, "element": 8}
+
+
+def test_executed_flops_equal_torch_count():
+    # the formula 3 (24 B s l h^2 (1 + s/6h)) + 6 B s h V against torch's own count of the tiny GPT's
+    # forward and backward (every matmul, including the first block's input gradient)
+    from torch.utils.flop_counter import FlopCounterMode
+    gpt = tiny.transformer(CFG["vocab"], CFG["dim"], CFG["heads"], CFG["depth"])
+    ids, targets = tiny.tokens(CFG["batch"], CFG["seq"], CFG["vocab"])
+    with FlopCounterMode(display=False) as counter:
+        tiny.lm_loss(gpt(ids), targets).backward()
+    assert counter.get_total_flops() == planner.executed_flops(planner.tiny_model(CFG), CFG["batch"])
+
+
+def test_tiny_step_by_hand():
+    h, s, V = 32, 16, 64
+    t = planner.tiny_step_time(CFG, MACHINE, dp=1, tp=2, pp=2, micro_batches=2)
+    b = 4                                                    # 8 samples / (dp 1 x m 2)
+    flops = 2 * 72 * b * s * h * h * (1 + s / (6 * h)) / 2 + 6 * b * s * h * V   # 2 blocks / tp, whole head
+    act = 8 * b * s * h
+    tensor = 2 * 4 * 2 * (1e-4 + act / (2 * 1e9))          # 2 blocks x 4 all-reduces, ring of 2
+    p2p = 2 * (2e-4 + act / 5e8)
+    slot = flops / 1e9 + tensor + p2p
+    assert t["compute"] == pytest.approx(2 * flops / 1e9)
+    assert t["bubble"] == pytest.approx(slot) and t["data"] == 0.0
+    assert t["total"] == pytest.approx(3 * slot)             # m + p - 1 slots
+    one = planner.tiny_step_time(CFG, MACHINE, 1, 1, 1, 1)
+    assert one["tensor"] == one["p2p"] == one["bubble"] == one["data"] == 0.0
+    assert one["total"] == pytest.approx(planner.executed_flops(planner.tiny_model(CFG), 8) / 1e9)
+
+
+def test_tiny_gradient_bytes_match_the_model():
+    # dp's all-reduce carries this rank's gradients: count them on the model, split as nd3d splits
+    # (qkv and mlp.0 by rows, proj and mlp.2 weights by columns, the rest whole)
+    gpt = tiny.transformer(CFG["vocab"], CFG["dim"], CFG["heads"], CFG["depth"])
+    for tp, pp in ((1, 1), (2, 1), (2, 2), (4, 4)):
+        split = ("qkv", "mlp.0", "proj.weight", "mlp.2.weight")
+        last = [f"blocks.{i}." for i in range(CFG["depth"] - CFG["depth"] // pp, CFG["depth"])] + ["ln.", "head."]
+        first = [f"blocks.{i}." for i in range(CFG["depth"] // pp)] + ["tok.", "pos."]
+        count = lambda mine: sum(p.numel() / (tp if any(k in n for k in split) else 1)  # noqa: E731
+                                 for n, p in gpt.named_parameters() if any(n.startswith(m) for m in mine))
+        n = count(set(first + last)) if pp == 1 else max(count(first), count(last))
+        t = planner.tiny_step_time(CFG, MACHINE, dp=2, tp=tp, pp=pp, micro_batches=1)
+        assert t["data"] == pytest.approx(cost.ring_all_reduce(8 * n, 2, 1e9, 1e-4)), (tp, pp)
+
+
+def test_ring_link_inverts_the_ring_model():
+    # rows as helpers.bench writes them, times from the ring model: the fit returns alpha and B
+    for k in (2, 4):
+        rows = [{"world_size": k, "size": n, "time_us": 1e6 * cost.ring_all_reduce(n, k, 2e9, 3e-5)}
+                for n in (4096, 65536, 2 ** 20)]
+        alpha, bw = planner.ring_link(rows)
+        assert alpha == pytest.approx(3e-5) and bw == pytest.approx(2e9)
+    alpha, bw = planner.p2p_link([{"size": n, "time_us": 1e6 * (5e-5 + n / 1e9)} for n in (1024, 2 ** 20)])
+    assert alpha == pytest.approx(5e-5) and bw == pytest.approx(1e9)
+
+
+# ------------------------------------------------------------------------------ the paper
+
+def test_paper_table_and_comparison():
+    paper.check_table()
+    rows = paper.compare(0.6)
+    assert len(rows) == len(paper.TABLE1) == 10
+    assert all(math.isfinite(r["predicted TF/s"]) and r["rank_n"] for r in rows)
+    # their 310B layout is the planner's first choice; a faster GPU setting moves every row up
+    assert next(r for r in rows if r["model"] == "310.1B")["rank_n"] == 1
+    faster = paper.compare(0.7)
+    assert all(f["predicted TF/s"] > r["predicted TF/s"] for f, r in zip(faster, rows))
+
+
+def test_compare_recovers_a_machine_that_follows_the_model():
+    # run_rank's results made from the model itself (2 ranks, 2 rounds): the fits give back c0, R,
+    # alpha and B, and every configuration's predicted step equals its "measured" one
+    truth = dict(MACHINE, c0=2e-3)
+    f = lambda n: planner.executed_flops(planner.tiny_model(CFG), n)   # noqa: E731
+    sizes = [4096, 65536, 2 ** 20]
+    def sweep(kind, model):
+        return [{"label": kind, "kind": kind, "size": n, "count": n // 8, "times": [model(n)], "wrong": 0} for n in sizes]
+    machine = {"step_s": {n: [truth["c0"] + f(n) / truth["flops"]] * 3 for n in (8, 4, 2)},
+               "sweep": {"host": "h", "backend": "gloo", "method": "nccl-tests", "iters": 5,
+                         "rows": sweep("all_reduce", lambda n: cost.ring_all_reduce(n, 2, 1e9, 1e-4))
+                         + sweep("send_recv", lambda n: 2e-4 + n / 5e8)}}
+    configs = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+    runs = {c: {"step_s": [planner.tiny_step_time(CFG, truth, *c, 2)["total"]] * 3} for c in configs}
+    per_rank = [{"machine": [machine, machine], "runs": [runs, runs]}] * 2
+    got, rows, error = planner.compare(per_rank, CFG, 2)
+    assert planner.compare(per_rank, CFG, 2, stat=min)[2] == pytest.approx(0.0, abs=1e-6)
+    for key in ("c0", "flops", "ar_alpha", "ar_bw", "p2p_alpha", "p2p_bw"):
+        assert got[key] == pytest.approx(truth[key], rel=1e-6), key
+    assert [r["dp,tp,pp"] for r in rows] == ["2,1,1", "1,2,1", "1,1,2"]
+    assert error == pytest.approx(0.0, abs=1e-6)
