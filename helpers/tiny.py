@@ -64,6 +64,16 @@ def loss(out, target):
 
 # ---------------------------------------------------------------- the tiny transformer (lectures 10-12)
 
+def attention(q, k, v):
+    """Causal softmax attention on (batch, heads, seq, head_dim) tensors, written out: scores scaled by
+    sqrt(head_dim), the future masked, softmax, weights @ v. Attention below and the split versions of
+    the later lectures share it, so they compute the same numbers."""
+    s = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention, written out (no fused kernel), so that every tensor it keeps
     for backward is an ordinary one: q, k, v, the scores' softmax, the heads' output."""
@@ -79,10 +89,7 @@ class Attention(nn.Module):
     def forward(self, x):
         b, s, h = x.shape
         q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in self.qkv(x).split(h, dim=-1))
-        scores = q @ k.transpose(-2, -1) / (h // self.heads) ** 0.5
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        return self.proj((weights @ v).transpose(1, 2).reshape(b, s, h))
+        return self.proj(attention(q, k, v).transpose(1, 2).reshape(b, s, h))
 
 
 class TransformerBlock(nn.Module):

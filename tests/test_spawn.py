@@ -396,9 +396,8 @@ def test_interrupting_the_caller_ends_every_rank(tmp_path):
         except KeyboardInterrupt:
             print("interrupted")
     """
-    # The caller's output goes to a file, and the test waits for the caller itself: the fork server
-    # the caller started shares its stdout and leaves after it (about a second; once, late in a long
-    # run, a pipe stayed open for more than 30 s), which is not what this test is about.
+    # The caller's output goes to a file, and the test waits for the caller itself, not for its stdout
+    # to close: the fork server the caller started shares that stdout and leaves about a second later.
     with open(tmp_path / "out.txt", "w") as out_file:
         p = run_script(code, str(tmp_path), stdout=out_file)
     pids = read_pids(tmp_path, 3)
