@@ -1,7 +1,9 @@
-# The lecture series in four targets. Each builds .venv first when it is missing or out of date.
+# The lecture series in a few targets. Each builds .venv first when it is missing or out of date.
 #   make html   execute every lecture and render the site into build/html/ (SMOKE=1: small sizes;
 #               SAVE_TO=data/NAME: the lectures that measure hardware keep their numbers there)
-#   make test   unit tests of helpers/ and every notebook executed headless (what CI runs)
+#   make images the same, at full sizes, keeping each lecture's key figure in images/ and the README
+#   make test   unit tests of helpers/ and every notebook executed headless (what CI runs); the site
+#               and, in JupyterLab, the lectures that draw widgets (LAB=all: every lecture)
 #   make lab    JupyterLab on notebooks/ with the project's environment
 #               (on a remote GPU node: make lab LAB_ARGS="--no-browser --ip=0.0.0.0")
 #   make bench  every performance goal, measured and printed as ratios (bench/*.py)
@@ -15,10 +17,11 @@ TORCH  ?= torch==2.13.0
 SMOKE  ?= 0
 SAVE_TO ?=
 LAB_ARGS ?=
+LAB ?=
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: env html test lab bench clean
+.PHONY: env html images test lab bench clean
 .DEFAULT_GOAL := html
 
 env: $(READY)
@@ -35,8 +38,11 @@ html: $(READY)
 	$(BIN)/python -m helpers.site --out build/html $(if $(filter 1 true yes,$(SMOKE)),--smoke) \
 		$(if $(SAVE_TO),--save-to $(SAVE_TO))
 
+images: $(READY)
+	$(BIN)/python -m helpers.site --out build/html --images
+
 test: $(READY)
-	$(BIN)/python -m pytest -ra --durations=15 tests
+	LAB=$(LAB) $(BIN)/python -m pytest -ra --durations=15 tests
 
 lab: $(READY)
 	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)

@@ -1,25 +1,24 @@
-"""`make html`: execute every lecture and render the series as a static site.
+"""`make html`: execute every lecture and build the course site with Sphinx.
 
-    python -m helpers.site --out build/html [--smoke] [--only 00_hardware] [--save-to FOLDER]
+    python -m helpers.site --out build/html [--smoke] [--only 00_hardware] [--save-to FOLDER] [--images]
 
-Each notebook in notebooks/ is executed with papermill (full parameters, or SMOKE=True with
---smoke), then rendered by nbconvert with every figure embedded in the page. The site has an index
-in lecture order, prev/next links on every page, and the machine that produced the numbers stated
-at the top. A lecture that fails is still rendered up to its failing cell and named at the end;
-the command then exits non-zero. tests/test_site.py renders the notebooks the tests executed with
-write_site() and opens the pages in headless Chromium.
-
-The maths ($...$, $$...$$, \\begin{...} in markdown cells and outputs) is turned into MathML while
-the page is built, with latex2mathml: browsers draw MathML themselves, so the formulas read on a
-laptop with no network, where nbconvert's MathJax (fetched from a CDN) would leave raw TeX. The
-page does not load MathJax at all.
+Each notebook in notebooks/ is executed once with papermill (full parameters, or SMOKE=True with
+--smoke) into build/executed/. Sphinx then builds the site from those executed notebooks without
+running them again (MyST-NB, configured in helpers/book/conf.py): the book theme's sidebar lists every
+lecture in order, each page has its own table of contents, prev/next links and the machine that
+produced its numbers in a banner; Sphinx's search works offline; each page links its notebook without
+outputs and its exercises' solutions. The maths is MathML, written when the page is built
+(helpers/book/mathml.py), so it reads with no network and no script. With --images the key figure of
+each executed lecture is kept in images/ first (helpers.images, `make images`) and the index shows it.
+A lecture that fails is still rendered up to its failing cell and named at the end; the command then
+exits non-zero. tests/test_site.py builds the site from the notebooks the tests executed and opens it
+in headless Chromium.
 """
 import argparse
-import base64
 import html
 import json
-import mimetypes
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -89,110 +88,74 @@ def execute(src, dst, smoke, save_to=None):
         return f"{type(e).__name__}: {e}"
 
 
-def embed_file(m):
-    """<img src="picture.svg">, a local file a markdown cell links (relative to notebooks/) -> a data: URI."""
-    f = ROOT / "notebooks" / html.unescape(m.group(2))
-    if not f.is_file():
-        return m.group(0)  # left as it is: tests/test_site.py reports it as an image that failed
-    mime = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
-    return f'{m.group(1)}data:{mime};base64,{base64.b64encode(f.read_bytes()).decode()}"'
-
-
-def tex_to_mathml(tex, display=False):
-    """One formula as MathML, which Chromium, Firefox and Safari draw with no script and no network.
-    One that latex2mathml cannot parse is left as TeX and named on stderr, so the page still builds
-    and tests/test_site.py points at it (raw TeX on the page)."""
-    from latex2mathml.converter import convert
-
-    # latex2mathml draws \xrightarrow{label} with <mpadded> offsets that Chromium does not apply (the
-    # label lands on what follows); \overset draws the same arrow and label cleanly.
-    tex = re.sub(r"\\x(right|left)arrow\{([^{}]*)\}", r"\\overset{\2}{\\long\1arrow}", tex)
-    try:
-        return convert(tex, display="block" if display else "inline")
-    except Exception as e:  # latex2mathml raises its own errors, and IndexError etc. on bad TeX
-        print(f"    maths left as TeX ({type(e).__name__}: {e}): {tex!r}", file=sys.stderr)
-        return html.escape(f"$${tex}$$" if display else f"${tex}$", quote=False)
-
-
-# The lab template without MathJax (the maths is MathML already; offline the CDN script only fails)
-# and with text/latex outputs rendered like markdown, so their $...$ becomes MathML too.
-SITE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{% block data_latex scoped %}
-<div class="jp-RenderedLatex jp-OutputArea-output {{ extra_class }}" data-mime-type="text/latex">
-{{ output.data['text/latex'] | markdown2html }}
-</div>
-{%- endblock data_latex %}
-"""
-
-
-def exporter():
-    """nbconvert's lab HTMLExporter with the maths turned into MathML at build time.
-
-    nbconvert's markdown parser already finds the maths (and leaves code spans and code blocks, where
-    a `$ python ...` is not maths, alone); only its renderer changes: where it writes the TeX back
-    for MathJax, this one writes MathML. markdown2html is nbconvert's own, with that renderer."""
-    import jinja2
-    from nbconvert import HTMLExporter
-    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
-
-    class MathMLRenderer(IPythonRenderer):
-        def inline_math(self, body):
-            return tex_to_mathml(body)
-
-        def block_math(self, body):
-            return tex_to_mathml(body, display=True)
-
-        def latex_environment(self, name, body):
-            return tex_to_mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", display=True)
-
-    class MathMLExporter(HTMLExporter):
-        @jinja2.pass_context
-        def markdown2html(self, context, source):
-            renderer = MathMLRenderer(
-                escape=False, attachments=context.get("cell", {}).get("attachments", {}),
-                embed_images=self.embed_images,
-                path=context.get("resources", {}).get("metadata", {}).get("path", ""),
-                anchor_link_text=self.anchor_link_text, exclude_anchor_links=self.exclude_anchor_links,
-                **self.lexer_options)
-            return MarkdownWithMath(renderer=renderer).render(source)
-
-    return MathMLExporter(template_name="lab", template_file="site.html.j2",
-                          extra_loaders=[jinja2.DictLoader({"site.html.j2": SITE_TEMPLATE})])
-
-
-def render(executed, page, nav, machine_line, title=None):
+def lecture_cell(name):
+    """The markdown cell put under a lecture's title on its page: the notebook to download."""
+    nn = name[:2]
+    solutions = ROOT / "notebooks" / "solutions" / f"{nn}_solutions.py"
+    links = [f"{{download}}`the notebook, without outputs <downloads/{name}>`"]
+    if solutions.exists():
+        links.append(f"{{download}}`its exercises' solutions <downloads/{solutions.name}>`")
     import nbformat
 
-    nb = nbformat.read(str(executed), as_version=4)
-    resources = {"metadata": {"name": title or Path(executed).stem}}
-    body, _ = exporter().from_notebook_node(nb, resources=resources)
-    body = re.sub(r'(<img\b[^>]*?\bsrc=")(?!data:|https?:)([^"]+)"', embed_file, body)
-    header = (f'<nav style="font:14px sans-serif;padding:8px 16px;border-bottom:1px solid #ddd">'
-              f'{nav}<div style="color:#555;margin-top:4px">{html.escape(machine_line)}</div></nav>')
-    body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + header, body, count=1)
-    Path(page).write_text(body)
+    return nbformat.v4.new_markdown_cell(
+        "**Run it yourself:** " + " and ".join(links) + ". The notebook imports the course's `helpers/`: "
+        f"clone the repository, `make lab`, and open `notebooks/{name}` there.", metadata={"tags": ["site-downloads"]})
+
+
+def index_page(executed, figures):
+    """The index in MyST markdown: every lecture in order with its line and, where images/ has one,
+    its key figure (helpers.images); the hidden toctree is the sidebar."""
+    lines = [f"# {SITE_TITLE}", "",
+             "An executable lecture series on how training is spread over many devices. Every lecture "
+             "starts real worker processes, checks each result against a single-process reference, "
+             "measures, and plots the measurement against the formula. The pages below are the "
+             "lectures as they ran on the machine named above; to run them yourself, clone the "
+             "repository and `make lab`.", "",
+             "```{toctree}", ":hidden:", ":maxdepth: 1", "", *[nb.stem for nb in executed], "```", ""]
+    for nb in executed:
+        title, summary = title_and_summary(nb)
+        lines += [f"## [{title}]({nb.name})", ""]
+        if nb.stem in figures:
+            lines += [f"```{{figure}} images/{nb.stem}.png", ":class: key-figure",
+                      f":alt: {figures[nb.stem]['alt']}", "", figures[nb.stem]["caption"], "```", ""]
+        lines += [summary, ""]
+    return "\n".join(lines)
 
 
 def write_site(executed, out, machine_line):
-    """Render executed notebooks (in lecture order) into out/: a page each and index.html."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    executed = [Path(p) for p in executed]
-    rows = []
-    for i, nb in enumerate(executed):
-        prev = f'<a href="{executed[i - 1].stem}.html">&larr; {executed[i - 1].stem}</a> | ' if i else ""
-        nxt = f' | <a href="{executed[i + 1].stem}.html">{executed[i + 1].stem} &rarr;</a>' \
-            if i + 1 < len(executed) else ""
-        title, summary = title_and_summary(nb)
-        render(nb, out / f"{nb.stem}.html", f'{prev}<a href="index.html">index</a>{nxt}', machine_line, title)
-        rows.append(f'<li><a href="{nb.stem}.html">{html.escape(title)}</a>'
-                    f'<br><span style="color:#555">{html.escape(summary)}</span></li>')
-    (out / "index.html").write_text(
-        f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{SITE_TITLE}</title></head>"
-        "<body style='font:16px/1.5 sans-serif;max-width:760px;margin:2em auto'>"
-        f"<h1>{SITE_TITLE}</h1><p style='color:#555'>{html.escape(machine_line)}</p>"
-        f"<ol start='0'>{''.join(rows)}</ol></body></html>\n")
+    """Build the site from executed notebooks (in lecture order) into out/ with Sphinx (helpers/book/
+    conf.py): MyST-NB renders each notebook as it ran, the book theme gives the sidebar, the page's
+    contents, prev/next and search. The source folder (out + "-src") holds the executed lectures with
+    their download line, the clean notebooks and solutions to download, and the index. Returns
+    out/index.html."""
+    import nbformat
+    from sphinx.application import Sphinx
+
+    from helpers import images
+
+    out, executed = Path(out), [Path(p) for p in executed]
+    src = out.with_name(out.name + "-src")
+    shutil.rmtree(src, ignore_errors=True)
+    (src / "downloads").mkdir(parents=True)
+    for nb in executed:
+        shutil.copy(ROOT / "notebooks" / nb.name, src / "downloads" / nb.name)
+        solutions = ROOT / "notebooks" / "solutions" / f"{nb.name[:2]}_solutions.py"
+        if solutions.exists():
+            shutil.copy(solutions, src / "downloads" / solutions.name)
+        node = nbformat.read(str(nb), as_version=4)
+        node.cells.insert(1, lecture_cell(nb.name))
+        nbformat.write(node, str(src / nb.name))
+    figures = images.kept()
+    if figures:
+        shutil.copytree(images.FOLDER, src / "images", ignore=shutil.ignore_patterns("*.json"))
+    (src / "index.md").write_text(index_page(executed, figures))
+    shutil.rmtree(out, ignore_errors=True)
+    app = Sphinx(str(src), str(Path(__file__).with_name("book")), str(out),
+                 str(out.with_name(out.name + "-doctrees")), "html", freshenv=True, status=None,
+                 warning=sys.stderr, confoverrides={"html_theme_options.announcement": html.escape(machine_line)})
+    app.build()
+    if app.statuscode:
+        raise RuntimeError(f"Sphinx could not build the site (status {app.statuscode})")
     return out / "index.html"
 
 
@@ -201,6 +164,8 @@ def main(argv=None):
     ap.add_argument("--out", default="build/html")
     ap.add_argument("--smoke", action="store_true", help="run the lectures with SMOKE=True (fast)")
     ap.add_argument("--only", nargs="*", help="lecture file prefixes, e.g. 00 03_bench")
+    ap.add_argument("--images", action="store_true",
+                    help="keep each lecture's key figure in images/ and the README (make images)")
     ap.add_argument("--save-to", help="a folder: the lectures that measure hardware (those with a SAVE_TO "
                                       "knob) write their measurements there, to keep in data/")
     a = ap.parse_args(argv)
@@ -216,6 +181,10 @@ def main(argv=None):
         if error:
             failed.append(f"{src.name}: {error}")
         print(f"    {'FAILED: ' + error if error else 'ok'} ({time.time() - t0:.0f} s)", flush=True)
+    if a.images and not failed:
+        from helpers import images
+
+        print("key figures written to images/:", ", ".join(images.make(executed_dir, a.smoke)))
     index = write_site(executed, a.out, machine_line(a.smoke))
     print(f"site written to {index}")
     if failed:

@@ -5,7 +5,8 @@ CHECK_SOLUTIONS, other knobs in UPPER_CASE, never reassigned by a later cell) an
 imported, plots.style(), the machine banner after validation); prints results with helpers.report;
 ends with at least three exercises graded by checks.check, whose reference solutions live in
 notebooks/solutions/NN_solutions.py, out of the student's notebook, and are asserted by the last cell
-when CHECK_SOLUTIONS is True.
+when CHECK_SOLUTIONS is True; tags one cell `key-figure` with a caption. The README's lecture table
+lists the same lectures in order, and images/ holds what `make images` wrote from one executed run.
 """
 import ast
 import json
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+from helpers import images
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -63,6 +67,8 @@ def test_first_cell_names_the_previous_and_next_lecture(i):
     assert kind == "markdown" and named == neighbours, \
         f"the first cell names {sorted(named)}; it should name exactly {sorted(neighbours)}"
     assert re.search(r"Previous:\s", first) and re.search(r"Next:\s", first)
+    linked = set(re.findall(r"\]\((\d\d_[a-z0-9_]+\.ipynb)\)", first))
+    assert linked == neighbours, f"the neighbours are links (in Lab they open the notebook, on the site its page): {sorted(linked)}"
 
 
 @by_name
@@ -145,3 +151,35 @@ def test_solutions_live_apart_and_the_last_cell_asserts_them(path):
     for name in functions(solutions.read_text()):
         if name in in_notebook:
             assert is_stub(in_notebook[name]), f"{path.name} gives away the solution of {name}()"
+
+
+def test_the_readme_lists_the_same_lectures_in_order():
+    """The README's table, the site's index and its sidebar (tests/test_site.py) list the same lectures."""
+    rows = re.findall(r"^\| (\d\d) \| `notebooks/(\d\d_[a-z0-9_]+\.ipynb)` \|", (ROOT / "README.md").read_text(), re.M)
+    assert [name for _, name in rows] == [p.name for p in NOTEBOOKS], "the README's lecture table lists notebooks/ in order"
+    assert all(nn == name[:2] for nn, name in rows)
+
+
+@by_name
+def test_one_cell_draws_the_key_figure_and_has_a_caption(path):
+    tagged = [c for c in json.loads(path.read_text())["cells"] if images.TAG in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and tagged[0]["cell_type"] == "code", f"one code cell is tagged {images.TAG!r}"
+    assert len(tagged[0]["metadata"].get("caption", "")) > 20, "the key figure's cell has a caption in its metadata"
+
+
+def test_images_are_the_key_figures_of_one_run_and_the_readme_shows_them():
+    """images/ is written by `make images`, never by hand: one small PNG per lecture, figures.json names the
+    machine and the date of each, the captions are the lectures' own, and the README's block is the one
+    helpers.images writes from figures.json."""
+    figures = images.kept()
+    assert list(figures) == [p.stem for p in NOTEBOOKS], "images/figures.json has one entry per lecture, in order"
+    for path in NOTEBOOKS:
+        entry, png = figures[path.stem], images.FOLDER / f"{path.stem}.png"
+        assert png.exists() and png.stat().st_size < 200_000, f"{png.name} is missing or over 200 kB"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        caption = images.key_cell(json.loads(path.read_text()))["metadata"]["caption"]
+        assert entry["caption"] == caption, f"{png.name}'s caption is not the lecture's: run make images"
+        assert "cores" in entry["machine"] and re.fullmatch(r"\d{4}-\d\d-\d\d", entry["date"])
+    assert sorted(p.name for p in images.FOLDER.iterdir()) == sorted([f"{p.stem}.png" for p in NOTEBOOKS] + ["figures.json"])
+    assert images.readme_block(figures) in (ROOT / "README.md").read_text(), \
+        "the README's picture table is not what `make images` writes from images/figures.json"

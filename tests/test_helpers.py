@@ -227,3 +227,30 @@ def test_the_tiny_transformer_is_seeded_causal_and_learnable_data_is_determinist
     assert not torch.equal(out[:, 8:], out2[:, 8:])
     half = (tiny.lm_loss(a(ids[:1]), targets[:1]) + tiny.lm_loss(a(ids[1:]), targets[1:])) / 2
     torch.testing.assert_close(half, tiny.lm_loss(out, targets), rtol=1e-12, atol=0)
+
+
+def test_the_site_builds_from_executed_notebooks_with_maths_as_mathml(tmp_path):
+    """helpers.site.write_site without a browser (tests/test_site.py opens the real one in Chromium)."""
+    import nbformat
+
+    from helpers import site
+    from helpers.book.mathml import tex_to_mathml
+
+    assert tex_to_mathml(r"\frac{N}{B}").startswith("<math") and 'display="block"' in tex_to_mathml("x", True)
+    assert "<mover" in tex_to_mathml(r"a \xrightarrow{K} b")  # drawn as \overset, which Chromium places right
+    executed = []
+    for name in ("00_hardware.ipynb", "01_collectives.ipynb"):
+        nb = nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_markdown_cell(f"# Lecture {name[:2]}: a title\n\nIt takes $2(K-1)N/(KB)$ and\n"
+                                          "$$T = \\alpha + \\frac{N}{B}$$\nin a paragraph, as Jupyter allows."),
+            nbformat.v4.new_code_cell("print(6 * 7)", outputs=[nbformat.v4.new_output("stream", text="42\n")])],
+            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+        executed.append(tmp_path / name)
+        nbformat.write(nb, str(executed[-1]))
+    index = site.write_site(executed, tmp_path / "html", "Executed here, 2 cores")
+    page = (tmp_path / "html" / "01_collectives.html").read_text()
+    assert page.count("<math") == 2 and "$" not in page.split("<main", 1)[-1].split("</main>")[0].replace("$ ", "")
+    assert "Executed here, 2 cores" in page and 'href="00_hardware.html"' in page and "42" in page
+    downloads = sorted(p.name for p in (tmp_path / "html" / "_downloads").rglob("*.*"))
+    assert downloads == ["00_hardware.ipynb", "00_solutions.py", "01_collectives.ipynb", "01_solutions.py"]
+    assert (tmp_path / "html" / "searchindex.js").exists() and "01_collectives" in index.read_text()

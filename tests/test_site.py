@@ -1,14 +1,16 @@
-"""The instructor's site, opened in headless Chromium: the index and every lecture page load, offline,
-and their figures render.
+"""The instructor's site, opened in headless Chromium with the network off: the index and every lecture
+page load, the sidebar lists every lecture in order, the page has its table of contents, prev/next
+and the machine banner, figures and formulas render, the download links resolve, and the offline
+search finds a term in the one lecture that holds it.
 
-The pages are rendered (helpers.site.write_site) from the notebooks tests/test_notebooks.py executed
-in this session, so `make test` executes each lecture once; run alone, this test executes them itself
-(SMOKE, a few minutes). Without a Chromium it skips and says why (.ci/run installs Debian's chromium).
+The site is built (helpers.site.write_site, Sphinx) from the notebooks tests/test_notebooks.py
+executed in this session, so `make test` executes each lecture once; run alone, this test executes
+them itself (SMOKE, a few minutes). Without a Chromium it skips and says why (.ci/run installs
+Debian's chromium).
 
-Each page is opened once with every host name unresolvable (the CDN scripts for the widgets fail as
-they would offline; the maths is MathML, made when the page was built, and needs no script). A small
-script injected into a copy of the page reports, at the load event, what the browser made of it;
---dump-dom brings that report back and --screenshot a picture.
+Each page is opened once with every host name unresolvable. A small script injected into a copy of
+the page reports, at the load event, what the browser made of it; --dump-dom brings that report back
+and --screenshot a picture. The search page runs Sphinx's own script, given virtual time to finish.
 """
 import html
 import json
@@ -16,11 +18,10 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from helpers import site
+from helpers import images, site
 
 LECTURES = site.lectures()
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -29,6 +30,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-dev-shm-usage", "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND",
          "--window-size=1280,1600"]
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
+SEARCH_TERMS = ("Ulysses", "PowerSGD", "zig-zag", "DataParallel")  # the first held by one lecture only is searched
 
 # Runs first in the page; at the load event it writes what it found into <pre id="site-probe">.
 PROBE = r"""<script>
@@ -40,11 +42,11 @@ addEventListener('error', function (e) {
 addEventListener('load', function () {
   function loaded(root) {
     return Array.from(root.querySelectorAll('img')).filter(function (i) { return i.naturalWidth > 0; }).length
-      + root.querySelectorAll('.jp-RenderedSVG svg').length;
+      + root.querySelectorAll('svg.figure, .cell_output svg').length;
   }
   var widgets = Array.from(document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]'))
     .map(function (s) {
-      var out = s.closest('.jp-OutputArea-output') || s.parentElement, cell = s.closest('.jp-Cell');
+      var out = s.closest('.cell_output') || s.parentElement, cell = s.closest('.cell');
       var near = [], c = cell, k;
       for (k = 0, c = cell; k < 2 && c && (c = c.previousElementSibling); k++) near.push(c);
       for (k = 0, c = cell; k < 2 && c && (c = c.nextElementSibling); k++) near.push(c);
@@ -63,11 +65,18 @@ addEventListener('load', function () {
     maths: Array.from(document.querySelectorAll('math')).filter(function (m) {
       var b = m.getBoundingClientRect(); return b.width > 0 && b.height > 0; }).length,
     tex: tex.slice(0, 5),
-    nav: (document.querySelector('body > nav') || {innerText: ''}).innerText,
+    banner: (document.querySelector('.bd-header-announcement') || {innerText: ''}).innerText,
+    sidebar: Array.from(document.querySelectorAll('nav.bd-docs-nav a')).map(function (a) {
+      return [a.getAttribute('href'), a.innerText.trim()]; }),
+    prev: (document.querySelector('a.left-prev') || {getAttribute: function () { return null; }}).getAttribute('href'),
+    next: (document.querySelector('a.right-next') || {getAttribute: function () { return null; }}).getAttribute('href'),
+    toc: document.querySelectorAll('#pst-page-toc-nav a').length,
+    downloads: Array.from(document.querySelectorAll('a.download')).map(function (a) { return a.getAttribute('href'); }),
+    scripts: Array.from(document.scripts).map(function (s) { return s.getAttribute('src'); }).filter(Boolean),
     imgs: Array.from(document.images).map(function (i) {
       return {src: (i.getAttribute('src') || '').slice(0, 40), ok: i.complete && i.naturalWidth > 0,
               width: i.getBoundingClientRect().width}; }),
-    svgs: Array.from(document.querySelectorAll('.jp-RenderedSVG svg')).map(function (s) {
+    svgs: Array.from(document.querySelectorAll('.cell_output svg')).map(function (s) {
       return s.getBoundingClientRect().width; }),
     links: Array.from(document.querySelectorAll('a[href]')).map(function (a) { return a.getAttribute('href'); }),
     items: Array.from(document.querySelectorAll('li')).map(function (li) { return li.innerText; }),
@@ -96,7 +105,7 @@ def built_site(browser, executed_dir, tmp_path_factory):
     for src in LECTURES:
         if not (executed_dir / src.name).exists():  # this file runs without test_notebooks.py
             site.execute(src, executed_dir / src.name, smoke=True)
-    out = tmp_path_factory.mktemp("site")
+    out = tmp_path_factory.mktemp("site") / "html"
     site.write_site([executed_dir / p.name for p in LECTURES], out, site.machine_line(smoke=True))
     return out
 
@@ -146,15 +155,47 @@ def assert_screenshot_shows_something(shot, name):
     assert inked > 0.01, f"the screenshot of {name} ({shot}) is blank: {inked:.2%} of it is not white"
 
 
+def pages():
+    return [f"{p.stem}.html" for p in LECTURES]
+
+
+def assert_sidebar_lists_every_lecture(report, name):
+    here = lambda href: href.split("#")[0] or name  # the page's own entry links to "#"
+    listed = [(here(href), text) for href, text in report["sidebar"] if here(href) in pages()]
+    titles = [site.title_and_summary(p)[0] for p in LECTURES]
+    assert [h for h, _ in listed] == pages(), f"{name}'s sidebar lists {[h for h, _ in listed]}, not the 13 lectures in order"
+    assert [t for _, t in listed] == titles, f"{name}'s sidebar names the lectures {[t for _, t in listed]}"
+
+
+def assert_offline_and_local(report, built_site, name):
+    local_failed = [u[:80] for u in report["failed"] if not u.startswith(("http:", "https:"))]
+    assert not local_failed, f"{name}: the browser could not load {local_failed}"
+    remote = [u for u in report["scripts"] if re.match(r"(https?:)?//", u)]
+    assert not remote, f"{name} loads scripts from the network, which fail offline: {remote}"
+    broken = [img["src"] for img in report["imgs"] if not img["ok"]]
+    assert not broken, f"{name}: {len(broken)} of {len(report['imgs'])} images did not load: {broken}"
+    local = {h.split("#")[0].split("?")[0] for h in report["links"] if not re.match(r"[a-z]+:|#", h)}
+    missing = sorted(h for h in local if h and not (built_site / h).exists())
+    assert not missing, f"{name} links to files the site does not have: {missing}"
+    assert "Executed" in report["banner"] and "cores" in report["banner"], \
+        f"{name}'s banner states the machine the numbers come from; it shows {report['banner']!r}"
+
+
 def test_index_lists_every_lecture_in_order(browser, built_site):
     report, shot = browse(browser, built_site / "index.html")
     assert_screenshot_shows_something(shot, "index.html")
-    assert report["links"] == [f"{p.stem}.html" for p in LECTURES], "the index links every lecture, in order"
-    assert all((built_site / link).exists() for link in report["links"])
-    for item, src in zip(report["items"], LECTURES):
+    assert_sidebar_lists_every_lecture(report, "index.html")
+    assert_offline_and_local(report, built_site, "index.html")
+    body = [h for h in report["links"] if h in pages()]
+    assert list(dict.fromkeys(body)) == pages(), "the index links every lecture, in order"
+    text = (built_site / "index.html").read_text()
+    for src in LECTURES:
         title, summary = site.title_and_summary(src)
-        assert title in item and summary and summary in item, f"the index gives {src.stem} a title and a line"
-    assert "Executed" in (built_site / "index.html").read_text(), "the index states the machine"
+        assert html.escape(title, quote=False) in text and summary, f"the index gives {src.stem} a title and a line"
+    figures = images.kept()
+    shown = [img["src"] for img in report["imgs"] if img["ok"] and img["width"] >= 200]
+    assert len(shown) >= len(figures), f"the index shows {len(shown)} key figures; images/ keeps {len(figures)}"
+    assert report["next"] == pages()[0], "the index's next page is lecture 00"
 
 
 @pytest.mark.parametrize("src", LECTURES, ids=lambda p: p.stem)
@@ -164,26 +205,26 @@ def test_page_loads_and_its_figures_render(browser, built_site, executed_dir, sr
     name = page.name
     assert_screenshot_shows_something(shot, name)
     assert report["text"] > 1000, f"{name} shows almost no text"
-    assert report["title"] == site.title_and_summary(src)[0], f"{name}'s <title> is the lecture's title"
+    title = site.title_and_summary(src)[0]
+    assert report["title"].startswith(title), f"{name}'s <title> begins with the lecture's title"
+    assert_sidebar_lists_every_lecture(report, name)
+    assert_offline_and_local(report, built_site, name)
 
     i = LECTURES.index(src)
-    nav = report["nav"]
-    assert "index" in nav and "Executed" in nav and "cores" in nav, \
-        f"{name} opens with the nav (prev | index | next) and the machine it ran on; it shows {nav!r}"
-    expected = ["index.html"] + [f"{p.stem}.html" for p in LECTURES[max(i - 1, 0):i + 2] if p != src]
-    local = [h for h in report["links"] if h.endswith(".html") and not re.match(r"[a-z]+:", h)]
-    assert set(expected) <= set(local), f"{name} links to {expected}; it links to {local}"
-    assert all((built_site / h).exists() for h in local), f"{name} links to a page that does not exist"
+    assert report["prev"] == (pages()[i - 1] if i else "index.html"), f"{name}'s previous page is {report['prev']}"
+    assert report["next"] == (pages()[i + 1] if i + 1 < len(LECTURES) else None), f"{name}'s next page is {report['next']}"
+    sections = sum(1 for c in json.loads(src.read_text())["cells"] if c["cell_type"] == "markdown"
+                   for line in "".join(c["source"]).splitlines() if re.match(r"##+ ", line))
+    assert report["toc"] >= min(sections, 2), f"{name}'s table of contents has {report['toc']} entries"
 
-    local_failed = [u[:80] for u in report["failed"] if not u.startswith(("http:", "https:"))]
-    assert not local_failed, f"{name}: the browser could not load {local_failed}"
-    external = [img["src"] for img in report["imgs"] if not img["src"].startswith("data:")]
-    assert not external, f"{name} has images that are not embedded in the page: {external}"
-    broken = [img["src"] for img in report["imgs"] if not img["ok"]]
-    assert not broken, f"{name}: {len(broken)} of {len(report['imgs'])} images did not load: {broken}"
+    downloads = [built_site / h for h in report["downloads"]]
+    assert sorted(p.name for p in downloads) == sorted([src.name] + [f"{src.name[:2]}_solutions.py"]), \
+        f"{name} links its notebook and its solutions for download; it links {report['downloads']}"
+    notebook = next(p for p in downloads if p.suffix == ".ipynb")
+    assert notebook.read_bytes() == src.read_bytes(), f"{name}'s notebook to download is the lecture as committed, without outputs"
+
     hidden = [img["src"] for img in report["imgs"] if img["width"] < 50]
     assert not hidden, f"{name}: images drawn less than 50 px wide: {hidden}"
-
     nb = json.loads((executed_dir / src.name).read_text())
     figures = sum(1 for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
                   if any(t in o.get("data", {}) for t in IMAGE_TYPES))
@@ -194,15 +235,27 @@ def test_page_loads_and_its_figures_render(browser, built_site, executed_dir, sr
     assert report["maths"] >= expected, \
         f"{name} draws {report['maths']} formulas; its markdown has {expected} (is the maths MathML?)"
     assert not report["tex"], f"{name} shows raw TeX, maths that did not render: {report['tex']}"
-    mathjax = [u for u in report["failed"] if "mathjax" in u.lower()]
-    assert not mathjax, f"{name} still fetches MathJax, which fails offline: {mathjax}"
 
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     state = state.get("state", {})
     for w in report["widgets"]:
         assert w["model"] in state, f"{name}: a widget's state was not saved in the notebook"
-        if draws_output(state, w["model"]):  # an interact's figure: offline it cannot draw
+        if draws_output(state, w["model"]):  # an interact's figure: with no kernel it cannot draw
             assert w["figures_near"] > 0, \
                 f"{name}: a widget that draws has no static figure within two cells of it"
         assert "error" not in w["text"].lower(), f"{name}: a widget shows an error offline: {w['text']!r}"
         assert w["height"] < 200, f"{name}: a widget leaves a {w['height']:.0f} px blank offline"
+
+
+def test_offline_search_finds_a_term_in_the_one_lecture_that_holds_it(browser, built_site):
+    holding = {term: [p for p in LECTURES if term.lower() in p.read_text().lower()] for term in SEARCH_TERMS}
+    term, where = next((t, w) for t, w in holding.items() if len(w) == 1)  # the test's own premise, checked
+    profile = built_site / "profile-search"
+    cmd = [browser, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom",
+           (built_site / "search.html").as_uri() + f"?q={term}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    shutil.rmtree(profile, ignore_errors=True)
+    found = re.findall(r'<ul[^>]*class="search"[^>]*>(.*?)</ul>', done.stdout, re.S)
+    hits = re.findall(r'<a href="([^"?#]+)', found[0]) if found else []
+    assert hits == [f"{where[0].stem}.html"], \
+        f"searching the site offline for {term!r} finds {hits}; only {where[0].name} holds it"
