@@ -7,8 +7,9 @@ against its goal.
     .venv/bin/python bench/series.py --only 00 05 [--full]    those lectures, SMOKE (or full) sizes
 
 The first executes each lecture the way CI does (papermill, a fresh kernel), one after the other, and
-prints each lecture's wall time (kernel start included). --html runs `python -m helpers.site` into a
-temporary folder, as `make html` does. --test clones this repository's committed HEAD into a temporary
+prints each lecture's wall time (kernel start included). --html runs `make html`'s command,
+`python -m helpers.site --out build/html` (so `python -m helpers.images build/executed` can keep that
+run's key figures). --test clones this repository's committed HEAD into a temporary
 folder and runs `make test` there, building its environment from nothing as CI does (pip's cache
 helps, as it helps CI); it needs Chromium for the browser tests to count.
 """
@@ -62,8 +63,7 @@ def main():
     print(machine.banner())
     print(f"load average before: {os.getloadavg()[0]:.1f}\n")
     if a.html:
-        with tempfile.TemporaryDirectory(prefix="html-") as out:
-            seconds, status = timed([sys.executable, "-m", "helpers.site", "--out", os.path.join(out, "html")], ROOT)
+        seconds, status = timed([sys.executable, "-m", "helpers.site", "--out", os.path.join(ROOT, "build", "html")], ROOT)
         print(f"\nmake html (full sizes): {'ok' if status == 0 else f'FAILED (exit {status})'}; " + verdict("html", seconds))
     elif a.test:
         with tempfile.TemporaryDirectory(prefix="clone-") as tmp:
