@@ -53,14 +53,6 @@ def shrink(png, width=WIDTH):
     return out.getvalue()
 
 
-def machine_words():
-    from helpers import machine
-
-    d = machine.describe()
-    gpus = ", ".join(g["name"] for g in d["gpus"]) or "no GPU"
-    return f"{d['cpu']}, {d['cores']} cores, {gpus}, torch {d['torch']}"
-
-
 def kept():
     """What images/figures.json records: {lecture stem: {caption, alt, machine, date}}."""
     return json.loads(INDEX.read_text()) if INDEX.exists() else {}
@@ -86,7 +78,9 @@ def write_readme(figures, readme=ROOT / "README.md"):
 def make(executed_dir, smoke=False):
     """images/ from the executed lectures in executed_dir; the stems of all kept, in order."""
     FOLDER.mkdir(exist_ok=True)
-    figures, when, where = kept(), time.strftime("%Y-%m-%d"), machine_words()  # --only: the others stay
+    from helpers import machine
+
+    figures, when, where = kept(), time.strftime("%Y-%m-%d"), machine.short()  # --only: the others stay
     for path in sorted(Path(executed_dir).glob("[0-9][0-9]_*.ipynb")):
         png, caption = key_figure(json.loads(path.read_text()))
         (FOLDER / f"{path.stem}.png").write_bytes(shrink(png))

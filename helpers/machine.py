@@ -73,6 +73,13 @@ def describe():
             "os": f"{platform.system()} {platform.release()}"}
 
 
+def short():
+    """The machine in one line, for captions and page banners: CPU, cores, memory, GPUs, torch."""
+    d = describe()
+    gpus = ", ".join(g["name"] for g in d["gpus"]) or "no GPU"
+    return f"{d['cpu']}, {d['cores']} cores, {d['memory_gib']} GiB, {gpus}, torch {d['torch']}"
+
+
 def oversubscribed(world_size, threads_per_rank=1):
     return world_size * threads_per_rank > usable_cores()
 

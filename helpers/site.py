@@ -51,10 +51,7 @@ def title_and_summary(nb_path, limit=420):
 def machine_line(smoke=False):
     from helpers import machine
 
-    d = machine.describe()
-    gpus = ", ".join(g["name"] for g in d["gpus"]) or "no GPU"
-    return (f"Executed {time.strftime('%Y-%m-%d')} on {d['cpu']}, {d['cores']} cores, "
-            f"{d['memory_gib']} GiB, {gpus}, torch {d['torch']}" + (" (SMOKE: small sizes)" if smoke else ""))
+    return f"Executed {time.strftime('%Y-%m-%d')} on {machine.short()}" + (" (SMOKE: small sizes)" if smoke else "")
 
 
 def knobs(nb_path):
@@ -88,12 +85,17 @@ def execute(src, dst, smoke, save_to=None):
         return f"{type(e).__name__}: {e}"
 
 
+def solutions_of(name):
+    """The reference solutions of a lecture's exercises (notebooks/solutions/NN_solutions.py), or None."""
+    path = ROOT / "notebooks" / "solutions" / f"{name[:2]}_solutions.py"
+    return path if path.exists() else None
+
+
 def lecture_cell(name):
     """The markdown cell put under a lecture's title on its page: the notebook to download."""
-    nn = name[:2]
-    solutions = ROOT / "notebooks" / "solutions" / f"{nn}_solutions.py"
+    solutions = solutions_of(name)
     links = [f"{{download}}`the notebook, without outputs <downloads/{name}>`"]
-    if solutions.exists():
+    if solutions:
         links.append(f"{{download}}`its exercises' solutions <downloads/{solutions.name}>`")
     import nbformat
 
@@ -139,9 +141,8 @@ def write_site(executed, out, machine_line):
     (src / "downloads").mkdir(parents=True)
     for nb in executed:
         shutil.copy(ROOT / "notebooks" / nb.name, src / "downloads" / nb.name)
-        solutions = ROOT / "notebooks" / "solutions" / f"{nb.name[:2]}_solutions.py"
-        if solutions.exists():
-            shutil.copy(solutions, src / "downloads" / solutions.name)
+        if solutions_of(nb.name):
+            shutil.copy(solutions_of(nb.name), src / "downloads")
         node = nbformat.read(str(nb), as_version=4)
         node.cells.insert(1, lecture_cell(nb.name))
         nbformat.write(node, str(src / nb.name))
