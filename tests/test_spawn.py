@@ -368,8 +368,9 @@ def run_script(code, *args, stdout=subprocess.PIPE, **kw):
 
 def test_two_processes_launching_at_once_do_not_collide():
     code = """
+        from helpers.spawn import spawn, warm_up
+        warm_up()  # as the lectures do: the fork server imports torch while this process does
         import torch, torch.distributed as dist
-        from helpers.spawn import spawn
         def fn(rank, world_size):
             t = torch.ones(1000)
             dist.all_reduce(t)
@@ -465,8 +466,9 @@ def run_in_a_kernel(folder, *cells):
 def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
     out = run_in_a_kernel(tmp_path,
         """
+        from helpers.spawn import spawn, warm_up, SpawnError
+        warm_up()
         import torch, torch.distributed as dist
-        from helpers.spawn import spawn, SpawnError
         OFFSET = 10.0
         def helper(x):
             return x + OFFSET
