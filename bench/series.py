@@ -28,15 +28,6 @@ from helpers.site import execute, lectures  # noqa: E402
 GOALS_MIN = {"series": 4, "html": 8, "test": 10}
 
 
-def host_probe():
-    """Seconds for 10 million Python additions: this VM's speed drifts by a third within an hour (shared host),
-    so each budget is printed beside the probe taken before and after it, to tell a slow host from a slow change."""
-    t0, total = time.perf_counter(), 0
-    for i in range(10_000_000):
-        total += i
-    return time.perf_counter() - t0
-
-
 def verdict(name, seconds):
     goal = GOALS_MIN[name]
     return f"goal: <= {goal} min -> {'met' if seconds <= goal * 60 else 'NOT met'} ({seconds / 60:.1f} min)"
@@ -70,7 +61,7 @@ def main():
     ap.add_argument("--test", action="store_true", help="time `make test` in a fresh clone of HEAD")
     a = ap.parse_args()
     print(machine.banner())
-    print(f"load average before: {os.getloadavg()[0]:.1f}; host probe before: {host_probe():.2f} s (10M Python additions)\n")
+    print(f"load average before: {os.getloadavg()[0]:.1f}\n")
     if a.html:
         seconds, status = timed([sys.executable, "-m", "helpers.site", "--out", os.path.join(ROOT, "build", "html")], ROOT)
         print(f"\nmake html (full sizes): {'ok' if status == 0 else f'FAILED (exit {status})'}; " + verdict("html", seconds))
@@ -81,7 +72,6 @@ def main():
         print(f"\nmake test in a fresh clone: {'passed' if status == 0 else f'FAILED (exit {status})'}; " + verdict("test", seconds))
     else:
         series(a.only, a.full)
-    print(f"host probe after: {host_probe():.2f} s (a larger probe: a slower host, and every time above with it)")
 
 
 if __name__ == "__main__":
