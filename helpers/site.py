@@ -141,8 +141,9 @@ def write_site(executed, out, machine_line):
     (src / "downloads").mkdir(parents=True)
     for nb in executed:
         shutil.copy(ROOT / "notebooks" / nb.name, src / "downloads" / nb.name)
-        if solutions_of(nb.name):
-            shutil.copy(solutions_of(nb.name), src / "downloads")
+        solutions = solutions_of(nb.name)
+        if solutions:
+            shutil.copy(solutions, src / "downloads")
         node = nbformat.read(str(nb), as_version=4)
         node.cells.insert(1, lecture_cell(nb.name))
         nbformat.write(node, str(src / nb.name))

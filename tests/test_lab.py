@@ -31,6 +31,7 @@ bench/series.py cover the lectures' own content and time.
 Without a Chromium the test skips and says why, as tests/test_site.py does.
 """
 import contextlib
+import functools
 import json
 import os
 import re
@@ -56,9 +57,15 @@ LECTURES = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"
 LAB_DRAWS = {"widgets": r"ipywidgets", "progress bars": r"\btqdm\b|bench\.sweep\(", "display updates": r"display\("}
 
 
+@functools.cache
 def code(name):
     return "\n".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"]
                      if c["cell_type"] == "code")
+
+
+def shows(name, kind):
+    """Whether lecture `name`'s code draws this kind of output (a key of LAB_DRAWS)."""
+    return re.search(LAB_DRAWS[kind], code(name)) is not None
 
 
 def lab_lectures():
@@ -66,7 +73,6 @@ def lab_lectures():
     itself that those do not show already (LAB=all: every lecture)."""
     if os.environ.get("LAB") == "all":
         return LECTURES
-    shows = lambda name, kind: re.search(LAB_DRAWS[kind], code(name))     # noqa: E731
     chosen = [name for name in LECTURES if shows(name, "widgets")]
     for kind in LAB_DRAWS:
         if not any(shows(name, kind) for name in chosen):
@@ -263,9 +269,9 @@ def test_every_lecture_is_found_and_those_that_draw_widgets_run_here():
     assert len(LECTURES) >= 9, f"tests/test_lab.py finds only {LECTURES} in notebooks/"
     widgets = [n for n in LECTURES if WIDGET_CODE in (ROOT / "notebooks" / n).read_text()]
     assert widgets and set(widgets) <= set(lab_lectures()), f"the lectures with an interact ({widgets}) run in Lab"
-    for kind, pattern in LAB_DRAWS.items():
-        if any(re.search(pattern, code(n)) for n in LECTURES):
-            assert any(re.search(pattern, code(n)) for n in lab_lectures()), f"no lecture run in Lab shows {kind}"
+    for kind in LAB_DRAWS:
+        if any(shows(n, kind) for n in LECTURES):
+            assert any(shows(n, kind) for n in lab_lectures()), f"no lecture run in Lab shows {kind}"
 
 
 @pytest.mark.parametrize("name", lab_lectures(), ids=lambda n: n[:2])
