@@ -451,20 +451,35 @@ def test_under_torchrun_it_joins_the_group_and_runs_in_place(tmp_path):
 
 # ----------------------------------------------------------------------------- a Jupyter kernel
 
-def run_in_a_kernel(folder, *cells):
-    """Execute the cells in a fresh Jupyter kernel (nbclient), as a notebook runs them; their text."""
-    import nbformat
-    from nbclient import NotebookClient
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """One Jupyter kernel for the tests below, as one notebook's cells share theirs (a kernel and its
+    fork server cost 4-5 s to start); each test writes its pid files to its own folder."""
+    from jupyter_client.manager import start_new_kernel
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(src)) for src in cells]
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(folder)}}).execute()
-    return ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells]
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path_factory.mktemp("kernel")))
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
-def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
-    out = run_in_a_kernel(tmp_path,
+def run_in_a_kernel(kernel, *cells):
+    """Execute the cells in the kernel, as a notebook runs them; the text each printed."""
+    _, kc = kernel
+    texts = []
+    for src in cells:
+        out = []
+        reply = kc.execute_interactive(textwrap.dedent(src), timeout=120, output_hook=lambda msg: out.append(
+            msg["content"]["text"]) if msg["msg_type"] == "stream" else None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        texts.append("".join(out))
+    return texts
+
+
+def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(kernel):
+    out = run_in_a_kernel(kernel,
         """
         from helpers.spawn import spawn, warm_up, SpawnError
         warm_up()
@@ -501,8 +516,8 @@ def test_a_function_defined_in_a_notebook_cell_runs_in_a_real_kernel(tmp_path):
     assert "rank 0 of 2 raised KeyError" in out[2] and 'raise KeyError("missing on purpose")' in out[2]
 
 
-def test_a_hang_in_a_real_kernel_shows_the_line_of_the_cell_where_a_rank_waits(tmp_path):
-    out = run_in_a_kernel(tmp_path,
+def test_a_hang_in_a_real_kernel_shows_the_line_of_the_cell_where_a_rank_waits(kernel, tmp_path):
+    out = run_in_a_kernel(kernel,
         "from helpers.spawn import spawn, warm_up, SpawnTimeout; warm_up()",
         f"""
         import os, torch, torch.distributed as dist
@@ -524,29 +539,23 @@ def test_a_hang_in_a_real_kernel_shows_the_line_of_the_cell_where_a_rank_waits(t
     assert wait_gone(read_pids(tmp_path, 2))
 
 
-def test_interrupting_the_kernel_ends_every_rank(tmp_path):
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
-    try:
-        kc.execute_interactive("from helpers.spawn import spawn, warm_up; warm_up()", timeout=60)
-        code = textwrap.dedent(f"""
-            import os, time
-            def fn(rank, world_size):
-                open(os.path.join({str(tmp_path)!r}, f"{{rank}}.pid"), "w").write(str(os.getpid()))
-                time.sleep(120)
-            spawn(fn, 3)
-        """)
-        msg_id = kc.execute(code)
-        pids = read_pids(tmp_path, 3)
-        km.interrupt_kernel()
-        while True:
-            reply = kc.get_shell_msg(timeout=30)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
-        assert reply["content"]["status"] == "error"
-        assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert wait_gone(pids)
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+def test_interrupting_the_kernel_ends_every_rank(kernel, tmp_path):
+    km, kc = kernel
+    kc.execute_interactive("from helpers.spawn import spawn, warm_up; warm_up()", timeout=60)
+    code = textwrap.dedent(f"""
+        import os, time
+        def fn(rank, world_size):
+            open(os.path.join({str(tmp_path)!r}, f"{{rank}}.pid"), "w").write(str(os.getpid()))
+            time.sleep(120)
+        spawn(fn, 3)
+    """)
+    msg_id = kc.execute(code)
+    pids = read_pids(tmp_path, 3)
+    km.interrupt_kernel()
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert wait_gone(pids)
