@@ -234,16 +234,16 @@ def opened(lab, browser, name):
         tab.close()
 
 
-def run_all(tab, name, smoke=True, timeout=RUN_TIMEOUT_S):
-    """Run every cell of the open lecture with Lab's own command; the per-code-cell report."""
-    if smoke:
-        assert tab.js(f"""(() => {{
-          const cell = {panel(name)}.content.widgets.find(c => (c.model.getMetadata('tags') || []).includes('parameters'));
-          const text = cell.model.sharedModel.getSource();
-          const small = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^WORLD_SIZE = \\d+/m, 'WORLD_SIZE = 2');
-          cell.model.sharedModel.setSource(small);
-          return /^SMOKE = True/m.test(small) && /^WORLD_SIZE = 2\\b/m.test(small) && small !== text; }})()"""), \
-            f"{name}: no `SMOKE = False` and `WORLD_SIZE = ...` to set"
+def run_all(tab, name, timeout=RUN_TIMEOUT_S):
+    """Run every cell of the open lecture with Lab's own command, at SMOKE sizes on 2 ranks; the
+    per-code-cell report."""
+    assert tab.js(f"""(() => {{
+      const cell = {panel(name)}.content.widgets.find(c => (c.model.getMetadata('tags') || []).includes('parameters'));
+      const text = cell.model.sharedModel.getSource();
+      const small = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^WORLD_SIZE = \\d+/m, 'WORLD_SIZE = 2');
+      cell.model.sharedModel.setSource(small);
+      return /^SMOKE = True/m.test(small) && /^WORLD_SIZE = 2\\b/m.test(small) && small !== text; }})()"""), \
+        f"{name}: no `SMOKE = False` and `WORLD_SIZE = ...` to set"
     tab.js("""window.ranAll = null; jupyterapp.commands.execute('notebook:run-all-cells')
               .then(ok => { window.ranAll = 'done'; }, e => { window.ranAll = String(e); })""")
     wait_for(lambda: tab.js(f"window.ranAll !== null && {kernel_idle(name)}"), timeout,

@@ -541,7 +541,7 @@ def test_a_hang_in_a_real_kernel_shows_the_line_of_the_cell_where_a_rank_waits(k
 
 def test_interrupting_the_kernel_ends_every_rank(kernel, tmp_path):
     km, kc = kernel
-    kc.execute_interactive("from helpers.spawn import spawn, warm_up; warm_up()", timeout=60)
+    run_in_a_kernel(kernel, "from helpers.spawn import spawn, warm_up; warm_up()")
     code = textwrap.dedent(f"""
         import os, time
         def fn(rank, world_size):
