@@ -1,5 +1,12 @@
 """What several test files share."""
+import sys
+from pathlib import Path
+
 import pytest
+
+# The lectures' reusable pieces (notebooks/course/, helpers.saved) import as they do in a notebook,
+# whose folder is on the path; the ranks a test starts inherit it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 
 
 @pytest.fixture(scope="session")
