@@ -25,6 +25,14 @@ def check_world_size(world_size, low=1, high=None, divides=None):
                 f"equal share, so pick a WORLD_SIZE among {[k for k in range(low, (high or value) + 1) if value % k == 0]}.")
 
 
+def numbers(values):
+    """A list of numbers as a float64 tensor, for check() to compare with a tolerance; None when any
+    value is missing (a function not written yet returns None) or is not a number."""
+    if values is None or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    return torch.tensor([float(v) for v in values], dtype=torch.float64)
+
+
 def check(name, got, expected, rtol=0.0, atol=0.0):
     """Grade an exercise: print whether `got` matches `expected` and return True or False.
 

@@ -254,3 +254,10 @@ def test_the_site_builds_from_executed_notebooks_with_maths_as_mathml(tmp_path):
     downloads = sorted(p.name for p in (tmp_path / "html" / "_downloads").rglob("*.*"))
     assert downloads == ["00_hardware.ipynb", "00_solutions.py", "01_collectives.ipynb", "01_solutions.py"]
     assert (tmp_path / "html" / "searchindex.js").exists() and "01_collectives" in index.read_text()
+
+
+def test_numbers_become_a_float64_tensor_and_a_stub_says_not_written_yet(capsys):
+    torch.testing.assert_close(checks.numbers([1, 2.5]), torch.tensor([1.0, 2.5], dtype=torch.float64))
+    assert checks.numbers([1, None]) is None and checks.numbers(None) is None and checks.numbers([True]) is None
+    assert checks.check("stub", checks.numbers([None, None, None]), checks.numbers([1, 2, 3])) is False
+    assert "not written yet" in capsys.readouterr().out

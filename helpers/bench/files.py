@@ -18,6 +18,11 @@ def human_size(n):
     return str(n)
 
 
+def _busbw(row):
+    """busbw as printed: "-" for one rank, which moves nothing between ranks (no bus to measure)."""
+    return "-" if row["world_size"] == 1 else f"{row['busbw']:.3f}"
+
+
 def table(rows, spread=True):
     """Print rows as nccl-tests does: size count type redop root time algbw busbw #wrong.
 
@@ -39,12 +44,13 @@ def table(rows, spread=True):
             print(f"# {name} on {k} ranks ({backend}), nccl-tests' method: {r0['iters']} calls back to back "
                   f"after one barrier, time = loop / {r0['iters']}, ranks' {r0['ranks']} (-a)"
                   + (f"; median of {rounds} rounds" if rounds > 1 else ""))
+        several = spread and len(r0["times_us"]) > 1   # one round has no spread to print
         cols = ["size", "count", "type", "redop", "root", "time(us)"] + \
-            (["p10-p90(us)"] if spread else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+            (["p10-p90(us)"] if several else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
         shown = [{"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"],
                   "root": r["root"], "time(us)": f"{r['time_us']:.1f}",
                   "p10-p90(us)": f"{r['p10_us']:.0f}-{r['p90_us']:.0f}",
-                  "algbw(GB/s)": f"{r['algbw']:.3f}", "busbw(GB/s)": f"{r['busbw']:.3f}",
+                  "algbw(GB/s)": f"{r['algbw']:.3f}", "busbw(GB/s)": _busbw(r),
                   "#wrong": r["wrong"] if r["wrong"] >= 0 else "n/a"} for r in block]
         print_table(shown, cols)
         print()
