@@ -261,3 +261,21 @@ def test_numbers_become_a_float64_tensor_and_a_stub_says_not_written_yet(capsys)
     assert checks.numbers([1, None]) is None and checks.numbers(None) is None and checks.numbers([True]) is None
     assert checks.check("stub", checks.numbers([None, None, None]), checks.numbers([1, 2, 3])) is False
     assert "not written yet" in capsys.readouterr().out
+
+
+def test_a_progress_line_is_saved_as_one_line_in_its_last_state(tmp_path):
+    """Headless, as papermill and the site run a lecture: one output, the last update, never a widget
+    frozen at 0 %. (In a terminal the same object draws tqdm's bar.)"""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from helpers.progress import Progress\n"
+                                          "with Progress(3, 'sweep', 'launches') as bar:\n"
+                                          "    for i in range(3):\n        bar.update(note=f'job {i}')")]
+    NotebookClient(nb, kernel_name="python3", timeout=60).execute()
+    outputs = nb.cells[0].outputs
+    assert len(outputs) == 1 and outputs[0].output_type == "display_data"
+    text = outputs[0].data["text/plain"]
+    assert text.startswith("sweep: 3/3 launches in "), text
+    assert "\n" not in text.strip()

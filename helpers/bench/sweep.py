@@ -68,7 +68,7 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
     collectives: names from COLLECTIVES, or {label: kind or (kind, callable)} to benchmark your own
     implementation with the meaning of `kind` (signatures in the module docstring).
     Each (collective, world size) is one launch of helpers.spawn, in which the sizes take turns in a
-    shuffled order round by round (measure_rank); a progress bar follows the launches.
+    shuffled order round by round (measure_rank); a progress line (helpers.progress) follows the launches.
     interleave=True: one launch per world size, in which the collectives take turns too (fair
     comparisons between them on a machine whose load changes; it holds every collective's buffers
     at once). Under torchrun the sweep runs in place on the ranks torchrun started (world_sizes is
@@ -96,21 +96,17 @@ def sweep(collectives=("all_reduce",), world_sizes=(2,), sizes=None, warmup=5, i
         return combine(per_rank, k, dtype, average)
     jobs = [(k, plan) for k in world_sizes] if interleave else \
         [(k, [p]) for k in world_sizes for p in plan]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from helpers.progress import Progress
 
-        bar = tqdm(total=len(jobs), desc="sweep", unit="launch")
+    bar = Progress(len(jobs), "sweep", "launches") if progress else None
     try:
         for k, group in jobs:
-            if bar is not None:
-                bar.set_postfix_str(f"{', '.join(g[0] for g in group)} on {k} ranks")
             per_rank = spawn(measure_rank, k, args=(group, sizes, warmup, iters, dtype, check, False,
                                                     0, method, rounds),
                              backend=backend, timeout=timeout, threads=threads)
             rows += combine(per_rank, k, dtype, average)
             if bar is not None:
-                bar.update()
+                bar.update(note=f"{', '.join(g[0] for g in group)} on {k} ranks")
     finally:
         if bar is not None:
             bar.close()
