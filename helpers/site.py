@@ -71,13 +71,13 @@ def execute(src, dst, smoke, save_to=None):
     lectures that have a SAVE_TO knob (they write their measurements there, helpers.archive)."""
     import papermill
 
+    from helpers import headless
+
     params = {"SMOKE": True} if smoke else {}
     if save_to and "SAVE_TO" in knobs(src):
         params["SAVE_TO"] = str(Path(save_to).resolve())
     try:
-        papermill.execute_notebook(str(src), str(dst), parameters=params, cwd=str(src.parent),
-                                   kernel_name="python3", progress_bar=False,
-                                   execution_timeout=1800)  # a hung cell fails, not the whole build
+        headless.execute(src, dst, params, timeout=1800, save_each_cell=True)  # a hung cell fails alone
         return None
     except papermill.PapermillExecutionError as e:
         return f"cell {e.exec_count}: {e.ename}: {e.evalue}"

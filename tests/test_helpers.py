@@ -1,4 +1,6 @@
 """Unit tests of the small shared helpers (the launcher has its own file)."""
+import time
+
 import pytest
 import torch
 
@@ -279,3 +281,48 @@ def test_a_progress_line_is_saved_as_one_line_in_its_last_state(tmp_path):
     text = outputs[0].data["text/plain"]
     assert text.startswith("sweep: 3/3 launches in "), text
     assert "\n" not in text.strip()
+
+
+class _LostWakeUp:
+    """A shell socket whose message is there, but the first poll's wake-up was lost (the stall of
+    helpers/headless.py): that poll only ends at its timeout; a new poll reads the events and finds it."""
+
+    def __init__(self):
+        self.polls = 0
+
+    async def poll(self, timeout_ms):
+        import asyncio
+
+        self.polls += 1
+        if self.polls == 1:
+            await asyncio.sleep(timeout_ms / 1000)
+            return 0
+        return 1
+
+
+def _channel():
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    channel = AsyncZMQSocketChannel.__new__(AsyncZMQSocketChannel)
+    channel.socket = _LostWakeUp()
+
+    async def recv():
+        return {"msg_type": "execute_reply"}
+
+    channel._recv = recv
+    return channel
+
+
+def test_a_lost_wake_up_costs_the_client_half_a_second_not_the_cell_timeout():
+    import asyncio
+    from queue import Empty
+
+    from helpers import headless
+
+    headless._patch_client()
+    t0 = time.monotonic()
+    assert asyncio.run(_channel().get_msg(timeout=300)) == {"msg_type": "execute_reply"}
+    assert time.monotonic() - t0 < 2 * headless.SLICE_S + 0.5
+    # the negative control: jupyter_client's own get_msg waits out its whole timeout and misses it
+    with pytest.raises(Empty):
+        asyncio.run(headless.UNPATCHED["get_msg"](_channel(), timeout=1.5))

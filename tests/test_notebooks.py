@@ -42,17 +42,18 @@ def test_there_are_lectures():
 def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
     import papermill
 
+    from helpers import headless
+
     params = {"SMOKE": True, **extra}
     if re.search(r"^CHECK_SOLUTIONS\s*=", parameters_cell(path) or "", re.M):
         params["CHECK_SOLUTIONS"] = True
     out = (tmp_path if extra else executed_dir) / path.name
     try:
-        # request_save_on_cell_execute=False: the notebook is written once, at the end, instead of
+        # helpers.headless: papermill, with the fix of the client's missed wake-ups (a widget lecture
+        # could stall until the cell timeout); the notebook is written once, at the end, instead of
         # twice per cell (140 writes of a growing notebook cost lecture 01 3 s); a failure is reported
         # below from papermill's error, which carries the cell and its traceback.
-        papermill.execute_notebook(str(path), str(out), parameters=params, cwd=str(path.parent),
-                                   kernel_name="python3", progress_bar=False, log_output=False,
-                                   execution_timeout=CELL_TIMEOUT_S, request_save_on_cell_execute=False)
+        headless.execute(path, out, params, timeout=CELL_TIMEOUT_S)
     except papermill.PapermillExecutionError as e:
         source = "\n".join("    " + line for line in e.source.splitlines()[:12])
         tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback[-12:]))
