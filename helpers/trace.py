@@ -20,8 +20,8 @@ torch.compile), through a TorchDispatchMode. Each call is recorded as a `Call`:
 - phase: whatever `log.phase` held when the call was made (set it to "forward", "backward", ...).
 
 `Call.ring_sent` is the bytes one rank sends for that call in the ring model of lecture 02 (nbytes
-times nccl-tests' bus factor, helpers.cost.busbw_factor): a model, exact only for a ring. A send's
-bytes are what it sends, counted. The tracer does not time anything: inside it every tensor
+times nccl-tests' bus factor, helpers.cost.busbw_factor, in whole bytes): a model, exact only for a
+ring. A send's bytes are what it sends, counted. The tracer does not time anything: inside it every tensor
 operation goes through Python, so time the code outside it.
 
 The operator names and their argument names are torch's (as of torch 2.13); an operator of those
@@ -81,14 +81,19 @@ class Call:
 
     @property
     def ring_sent(self):
-        """Bytes this rank sends for the call in the ring model (lecture 02); a send's own bytes."""
-        from helpers.cost import busbw_factor
-
+        """Bytes this rank sends for the call in the ring model of lecture 02, in whole bytes:
+        2(K-1)/K N for an all-reduce, (K-1)/K N for an all-gather, a reduce-scatter or an
+        all-to-all, N for a broadcast or a reduce (a ring passes the whole array on), a send's own
+        bytes; 0 for a receive, a barrier, a group of one rank, and a gather or a scatter (whose
+        traffic depends on the rank's place with respect to the root: not modelled here)."""
+        k = self.size
         if self.kind in ("send", "recv"):
             return self.nbytes if self.kind == "send" else 0
-        if self.kind in ("barrier", "other", "gather", "scatter") or self.size == 1:
-            return 0 if self.kind in ("barrier", "other") or self.size == 1 else self.nbytes
-        return round(self.nbytes * busbw_factor(self.kind, self.size))
+        share = {"all_reduce": (2 * (k - 1), k), "all_gather": (k - 1, k), "reduce_scatter": (k - 1, k),
+                 "all_to_all": (k - 1, k), "broadcast": (1, 1), "reduce": (1, 1)}.get(self.kind)
+        if share is None or k == 1:
+            return 0
+        return share[0] * self.nbytes // share[1]
 
 
 def _tensor_bytes(value):
