@@ -17,12 +17,18 @@ torch.compile), through a TorchDispatchMode. Each call is recorded as a `Call`:
   a recv (its rank in the group);
 - nbytes: nccl-tests' S, the whole array: a tensor all-reduced, broadcast or sent; an all-gather's
   output (K times each rank's input); a reduce-scatter's input (K times each rank's output);
-- phase: whatever `log.phase` held when the call was made (set it to "forward", "backward", ...).
+- phase: whatever `log.phase` held when the call was made (set it to "forward", "backward", ...);
+- dtype: the element type of the call's first tensor ("torch.bfloat16" for a compressed gradient).
 
 `Call.ring_sent` is the bytes one rank sends for that call in the ring model of lecture 02 (nbytes
 times nccl-tests' bus factor, helpers.cost.busbw_factor, in whole bytes): a model, exact only for a
 ring. A send's bytes are what it sends, counted. The tracer does not time anything: inside it every tensor
 operation goes through Python, so time the code outside it.
+
+A dispatch mode is thread-local: the tracer sees the calls made on the thread that entered it (and
+in autograd's backward, which carries it), not a call made in a callback of a work's future, which
+gloo runs on a thread of its own (PowerSGD's second all-reduce, made in the first one's callback):
+count those where they are made (a test pins this down).
 
 The operator names and their argument names are torch's (as of torch 2.13); an operator of those
 namespaces that the table below does not know is recorded with kind "other" (strict=True raises
@@ -74,6 +80,7 @@ class Call:
     nbytes: int
     peer: int = None
     phase: object = None
+    dtype: str = None
 
     @property
     def size(self):
@@ -125,6 +132,18 @@ def _group(func, named):
     return pg.group_name, tuple(dist.get_process_group_ranks(pg))
 
 
+def _dtype(named):
+    """The element type of the call's first tensor ("torch.bfloat16"), or None."""
+    import torch
+
+    for value in named.values():
+        while isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return str(value.dtype)
+    return None
+
+
 def _whole(kind, named, k):
     """nccl-tests' S for the call: the whole array (see WHOLE)."""
     if kind == "barrier":
@@ -164,7 +183,7 @@ class Trace(TorchDispatchMode):
         group, ranks = _group(func, named)
         peer = named.get("dst", named.get("src")) if kind in ("send", "recv") else None
         self.calls.append(Call(kind or "other", op, group, ranks, _whole(kind, named, len(ranks)),
-                               peer, self.phase))
+                               peer, self.phase, _dtype(named)))
 
     def select(self, kind=None, group=None, phase=None):
         return [c for c in self.calls if (kind is None or c.kind == kind)

@@ -49,7 +49,7 @@ def test_the_tracer_sees_every_call_with_nccl_tests_bytes(k):
     assert by["send", "p2p"]["nbytes"] == 24 and by["send", "p2p"]["peer"] == 1 % k and by["send", "p2p"]["ring_sent"] == 24
     assert by["recv", "p2p"]["peer"] == (0 - 1) % k and by["recv", "p2p"]["ring_sent"] == 0
     assert by["barrier", "collectives"]["nbytes"] == 0
-    assert by["all_reduce", "functional"]["nbytes"] == 24
+    assert by["all_reduce", "functional"]["nbytes"] == 24 and by["all_reduce", "functional"]["dtype"] == "torch.float32"
     groups = {c["group"]: c["ranks"] for c in calls}
     assert tuple(range(k)) in groups.values() and (0, 1) in groups.values() and len(groups) == 2
     assert {"phase": "p2p", "kind": "send", "calls": 1, "bytes": 24, "ring sent": 24} in rows
@@ -147,3 +147,16 @@ def test_the_recorder_stamps_spans_and_collectives_on_one_axis():
     # the all-reduce cannot end on rank 0 before rank 1 has slept its 0.1 s and joined it
     assert shared0[1]["end"] >= shared1[0]["end"] - 0.005
     assert shared0[2]["start"] == shared0[2]["end"]
+
+
+def test_the_tracer_does_not_see_a_call_made_in_a_futures_callback():
+    """What the docstring warns: gloo runs a future's callbacks on its own thread, where the
+    thread-local dispatch mode is not; a DDP comm hook that chains collectives must be counted inside."""
+    def fn(rank, k):
+        x, y = torch.ones(4), torch.ones(4)
+        with trace.calls() as log:
+            fut = dist.all_reduce(x, async_op=True).get_future()
+            fut.then(lambda f: dist.all_reduce(y)).wait()
+        return log.count("all_reduce"), torch.equal(y, torch.full((4,), 2.0))
+
+    assert spawn(fn, 2) == [(1, True), (1, True)]
