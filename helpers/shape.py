@@ -55,14 +55,16 @@ def _is_text(node):
 
 def printed(tree):
     """[(words, chooses)] for each printing call: the words of text it writes, and whether a
-    conditional expression chooses between texts inside it (a verdict written by code)."""
+    conditional expression (or an `x or "text"`) chooses between texts inside it (a verdict
+    written by code)."""
     out = []
     for node in ast.walk(tree):
         if _printer(node):
             in_text = any(isinstance(sub, ast.IfExp) for js in ast.walk(node) if isinstance(js, ast.JoinedStr)
                           for sub in ast.walk(js))
-            picks_text = any(isinstance(sub, ast.IfExp) and (_is_text(sub.body) or _is_text(sub.orelse))
-                             for sub in ast.walk(node))
+            picks_text = any((isinstance(sub, ast.IfExp) and (_is_text(sub.body) or _is_text(sub.orelse)))
+                             or (isinstance(sub, ast.BoolOp) and any(_is_text(v) for v in sub.values))
+                             for sub in ast.walk(node))   # "a if c else b", "x or 'no GPU here'"
             out.append((_words(node), in_text or picks_text))
     return out
 

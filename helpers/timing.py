@@ -40,10 +40,17 @@ def measure(fn, warmup=2, iters=10, device=None):
 
 
 def summary(samples):
-    """Median and spread (10th and 90th percentiles) of a list of timings."""
+    """Median and spread (10th and 90th percentiles, nearest rank) of a list of timings. With fewer
+    than 10 samples the nearest ranks of 10 % and 90 % are the smallest and the largest sample:
+    label such a spread min-max (spread_label)."""
     s = sorted(samples)
     pick = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
     return {"median": statistics.median(s), "p10": pick(0.1), "p90": pick(0.9), "n": len(s)}
+
+
+def spread_label(n):
+    """What summary()'s p10-p90 of n samples is: "p10-p90", or "min-max" below 10 samples."""
+    return "p10-p90" if n >= 10 else "min-max"
 
 
 class Clock:

@@ -72,7 +72,7 @@ def test_the_meter_sees_what_it_measures(tmp_path):
     import json
 
     long_cell = "\n".join(f"x{i} = {i}" for i in range(61))
-    verdict = 'print("the ring is faster" if fast else "the ring is slower")'
+    verdict = 'print("the ring is faster" if fast else "the ring is slower")\nprint(x or "no GPU")'
     paragraph = "print('" + " ".join(["ab"] * 25) + "')"
     nb = {"cells": [{"cell_type": "code", "source": long_cell, "metadata": {}},
                     {"cell_type": "code", "source": "y = '" + "a" * 90 + "'", "metadata": {}},
@@ -83,5 +83,5 @@ def test_the_meter_sees_what_it_measures(tmp_path):
     path.write_text(json.dumps(nb))
     got = shape.shape(path)
     assert got["cells over 60"] == 1 and got["lines over 88"] == 1 and got["before section 1"] == 62
-    assert got["chosen texts"] == 1 and got["wordy prints"] == 1 and got["minutes"] > 90
+    assert got["chosen texts"] == 2 and got["wordy prints"] == 1 and got["minutes"] > 90
     assert Path(shape.__file__).name == "shape.py"

@@ -7,6 +7,7 @@ import socket
 import sys
 
 from helpers.bench.common import COLUMNS, FORMAT
+from helpers.timing import spread_label
 from helpers.spawn import under_torchrun
 
 
@@ -45,11 +46,12 @@ def table(rows, spread=True):
                   f"after one barrier, time = loop / {r0['iters']}, ranks' {r0['ranks']} (-a)"
                   + (f"; median of {rounds} rounds" if rounds > 1 else ""))
         several = spread and len(r0["times_us"]) > 1   # one round has no spread to print
+        label = f"{spread_label(len(r0['times_us']))}(us)"   # below 10 rounds, p10-p90 is min-max
         cols = ["size", "count", "type", "redop", "root", "time(us)"] + \
-            (["p10-p90(us)"] if several else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+            ([label] if several else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
         shown = [{"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"],
                   "root": r["root"], "time(us)": f"{r['time_us']:.1f}",
-                  "p10-p90(us)": f"{r['p10_us']:.0f}-{r['p90_us']:.0f}",
+                  label: f"{r['p10_us']:.0f}-{r['p90_us']:.0f}",
                   "algbw(GB/s)": f"{r['algbw']:.3f}", "busbw(GB/s)": _busbw(r),
                   "#wrong": r["wrong"] if r["wrong"] >= 0 else "n/a"} for r in block]
         print_table(shown, cols)
