@@ -91,15 +91,13 @@ def timed_ranks(world_size, least=1):
 
 
 def banner(world_size=None, backend=None):
-    """One paragraph: the machine, and whether the ranks outnumber its cores."""
+    """Two lines: the machine, and the ranks, flagged "oversubscribed" when they outnumber the cores
+    (what that means for a timing, each lecture says in its markdown)."""
     d = describe()
     gpu = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in d["gpus"]) or "no GPU"
     text = (f"Measured on: {d['cpu']}, {d['cores']} usable core(s), {d['memory_gib']} GiB memory, "
             f"{gpu}; torch {d['torch']}, {d['os']}.")
     if world_size is not None:
-        text += f"\nRanks: {world_size}" + (f" on {backend}" if backend else "") + "."
-        if oversubscribed(world_size):
-            text += (f" That is more ranks than cores ({world_size} > {d['cores']}): the machine is"
-                     " oversubscribed, ranks take turns on the cores, and timings are what they are"
-                     " (slower and noisier than on a machine with a core per rank).")
+        over = f"; oversubscribed: {world_size} ranks > {d['cores']} cores" if oversubscribed(world_size) else ""
+        text += f"\nRanks: {world_size}" + (f" on {backend}" if backend else "") + over + "."
     return text
