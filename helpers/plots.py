@@ -1,4 +1,6 @@
 """One figure style for the whole series. Figures are drawn in the notebook process only."""
+import math
+
 import matplotlib.pyplot as plt
 
 MEASURED = "tab:blue"
@@ -28,8 +30,8 @@ def bytes_label(n):
 
 
 def log2_size_axis(ax, sizes):
-    """A log x axis labelled in bytes at the given sizes (every other one when crowded)."""
+    """A log x axis labelled in bytes at the given sizes (at most 8 of them, evenly picked)."""
     ax.set_xscale("log", base=2)
-    step = max(1, len(sizes) // 8)
+    step = max(1, math.ceil(len(sizes) / 8))   # at most 8 labels
     ax.set_xticks(sizes[::step])
     ax.set_xticklabels([bytes_label(s) for s in sizes[::step]], rotation=30)
