@@ -13,8 +13,9 @@ The default measurement is nccl-tests' (method="nccl-tests"; its letters on the 
 - the ranks' times combined as -a says (0 rank 0, 1 the mean, its default, 2 min, 3 max);
 - -N cycles of that, here in rounds: each round measures every size once, in a freshly shuffled order
   (the same on every rank), so a change in the machine's load falls on all sizes alike; the median
-  over the rounds is reported, with their 10th and 90th percentiles as the spread. (nccl-tests runs
-  its cycles size after size; the shuffled order is our one departure, and rounds=1 is nccl-tests.)
+  over the rounds is reported, with their 10th and 90th percentiles as the spread (min-max below 10
+  rounds). (nccl-tests runs its cycles size after size and prints each; lecture 03 lists every
+  departure of this harness from nccl-tests.)
 - algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);
 - -c 1: every benchmarked collective is checked once more after timing, from restored inputs: inputs
   hold small integers, so the result is exact in any order of summation, and the elements that

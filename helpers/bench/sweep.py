@@ -48,7 +48,8 @@ def combine(per_rank, world_size, dtype="float32", average=1):
                     "root": 0 if row["kind"] in ROOTED else -1,
                     "time_us": s["median"] * 1e6, "p10_us": s["p10"] * 1e6, "p90_us": s["p90"] * 1e6,
                     "algbw": algbw(row["size"], s["median"]),
-                    "busbw": busbw(row["kind"], row["size"], s["median"], world_size),
+                    # one rank moves nothing between ranks: no busbw (the series' rule; printed "-")
+                    "busbw": busbw(row["kind"], row["size"], s["median"], world_size) if world_size > 1 else 0.0,
                     "wrong": wrong, "iters": len(slowest) if method == "per-call" else per_rank[0]["iters"],
                     "method": method, "ranks": "slowest" if method == "per-call" else AVERAGE[average][0],
                     "times_us": [t * 1e6 for t in slowest]})
