@@ -7,8 +7,8 @@
 3. harness busbw / plain tight timing loop busbw, all-reduce of 64 MiB, K=2             (goal within 10%)
 
 Every measurement is the harness's default, nccl-tests' method (one barrier, --calls calls back to
-back timed as a loop, the ranks' mean), in rounds. The ring is the one lecture 02 builds, read from
-the code cells of notebooks/02_ring_math.ipynb (bench/lecture.py), so the benchmark measures the code
+back timed as a loop, the ranks' mean), in rounds. The ring is the one lecture 02 builds and saves
+(notebooks/course/ring_math.py, written from its #@save cells), so the benchmark measures the code
 students read. Ring and library are measured in the same launch, taking turns round by round, so a
 change in the machine's load hits both alike; the sweep of goal 2 takes its sizes in a shuffled order
 round by round, for the same reason; goal 3's tight loop is written here from scratch (a barrier, the
@@ -17,6 +17,7 @@ calls, a host clock after a synchronize) and takes turns with the harness round 
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -24,11 +25,11 @@ import torch.distributed as dist
 
 from helpers import bench, cost, machine
 from helpers.spawn import device, spawn
-from lecture import lecture_code, notebook
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks"))
+from course.ring_math import ring_all_reduce  # noqa: E402  lecture 02's ring, as it shows it
 
 MiB = 2**20
-RING = ("TRAFFIC", "SCRATCH", "pace", "receive_buffer", "exchange", "ring_reduce_scatter", "ring_all_gather",
-        "ring_all_reduce")  # lecture 02's ring all-reduce and what it calls
 
 
 # ----------------------------------------------------------------------- a plain tight loop
@@ -71,7 +72,6 @@ def main():
                         "with fewer, the medians of the small sizes stay noisy on a virtual machine)")
     a = p.parse_args()
     k = 2
-    ring_all_reduce = lecture_code(notebook("02_ring_math"), RING)["ring_all_reduce"]
     print(machine.banner(k, "nccl" if torch.cuda.device_count() >= k else "gloo"))
     load_before = os.getloadavg()[0]
     print(f"Load average (1 min) before: {load_before:.1f} on {machine.usable_cores()} cores "

@@ -10,6 +10,9 @@ seconds. The models are those of the measurement conventions (nccl-tests' README
     ring all-reduce           2(K-1) (alpha + N/(K B))           -> 2(K-1)/K N/B
     naive all-reduce          2(K-1) (alpha + N/B)               (reduce to a root, broadcast back)
     tree all-reduce           a binary tree, not pipelined, one port per rank (tree_all_reduce)
+    pipelined tree all-reduce NCCL's double binary tree: (sqrt((2D-1) alpha) + sqrt(M/B))^2,
+                              D = floor(log2 K) levels, M = 2N (N when K = 2) through the
+                              busiest port (pipelined_tree_all_reduce)
     in-network all-reduce     2 alpha + N/B                      (NVLS, SHARP: the switch adds)
 
 Every model has one port per rank: a rank sends one message and receives one message at a time,
@@ -74,7 +77,7 @@ def naive_all_reduce(n, k, bw, alpha=0.0):
 def tree_all_reduce(n, k, bw, alpha=0.0):
     """Reduce up a binary tree (rank i's children 2i+1 and 2i+2), then broadcast down it, whole
     messages, one port per rank: a parent receives its children's messages one after the other, and
-    sends the result to them one after the other. About 4 log2(K) (alpha + N/B) for large K."""
+    sends the result to them one after the other: 4(log2 K - 1) (alpha + N/B) for K a power of two."""
     if k <= 1:
         return 0.0
     step = alpha + n / bw
@@ -91,6 +94,28 @@ def tree_all_reduce(n, k, bw, alpha=0.0):
         return max([start] + [received(c, start + (j + 1) * step) for j, c in enumerate(children)])
 
     return received(0, reduced(0))
+
+
+def pipelined_tree_all_reduce(n, k, bw, alpha=0.0):
+    """NCCL's double binary tree (NCCL 2.4), pipelined: two binary trees over the K ranks, each
+    reducing half the data up and broadcasting the sum down, cut into S chunks that follow each
+    other level by level (as the chunked ring broadcast's do). Every rank is an inner node of one
+    tree and a leaf of the other, so the busiest rank's port carries M = 2N each way (two
+    children's halves up and one half down in its inner tree, one half down in the other; N
+    when K = 2). A chunk crosses D = floor(log2 K) levels up and D down (the depth of a binary
+    tree of K ranks filled level by level, as tree_all_reduce's): 2D - 1 + S steps of
+    alpha + M/(S B), at the best S (taken real, as best_chunks does):
+
+        T = (sqrt((2D - 1) alpha) + sqrt(M / B))^2  ->  2 N / B when alpha = 0.
+
+    Its latency grows with log2 K where the ring's grows with K, and its bandwidth term, 2N/B,
+    is about the ring's 2(K-1)/K N/B: why NCCL runs it across nodes at scale (with a chain
+    inside each node, which this model, one rank per node, leaves out)."""
+    if k <= 1:
+        return 0.0
+    depth = int(k).bit_length() - 1       # floor(log2 K)
+    busiest = n * min(2, k - 1)
+    return (math.sqrt((2 * depth - 1) * alpha) + math.sqrt(busiest / bw)) ** 2
 
 
 def in_network_all_reduce(n, k, bw, alpha=0.0):
