@@ -70,13 +70,15 @@ def printed(tree):
 
 
 def definitions(path):
-    """{name: source dump} of the functions and classes a lecture defines at top level, the
-    exercises' checks and private names (_x) aside."""
-    out = {}
+    """{name: source dump} of the functions and classes a lecture defines at top level, private
+    names (_x) and the exercises' checks (check_x after the "Exercises" heading) aside."""
+    out, exercises = {}, False
     for kind, src in cells(path):
+        exercises = exercises or (kind == "markdown" and re.search(r"^#+ .*Exercises", src, re.M))
         tree = parse(src) if kind == "code" else None
         for node in (tree.body if tree else []):
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith(("check_", "_")):
+            mine = not node.name.startswith("_") if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else False
+            if mine and not (exercises and node.name.startswith("check_")):
                 out[node.name] = ast.dump(node)
     return out
 

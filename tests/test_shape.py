@@ -80,3 +80,17 @@ def test_the_meter_sees_what_it_measures(tmp_path):
     assert got["cells over 60"] == 1 and got["lines over 88"] == 1 and got["before section 1"] == 62
     assert got["chosen texts"] == 2 and got["wordy prints"] == 1 and got["minutes"] > 90
     assert Path(shape.__file__).name == "shape.py"
+
+
+def test_a_check_counts_as_a_definition_outside_the_exercises(tmp_path):
+    """The drift rule's negative control: an exercise's check_x is the lecture's own, any other
+    function (a check_x that checks the lecture's code included) must have one definition."""
+    import json
+
+    nb = {"cells": [{"cell_type": "code", "source": "def check_ring(r):\n    return r", "metadata": {}},
+                    {"cell_type": "markdown", "source": "## 9. Exercises", "metadata": {}},
+                    {"cell_type": "code", "source": "def check_sum(f):\n    return f(1)", "metadata": {}},
+                    {"cell_type": "code", "source": "def _helper():\n    pass", "metadata": {}}]}
+    path = tmp_path / "98_made_up.ipynb"
+    path.write_text(json.dumps(nb))
+    assert sorted(shape.definitions(path)) == ["check_ring"]
