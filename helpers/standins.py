@@ -56,31 +56,34 @@ def device_compute(seconds, device=None):
 
 
 class DeviceTime(torch.autograd.Function):
-    """The identity that takes `seconds` of device-like compute in forward and `backward_factor`
-    times that in backward (a layer's backward does about twice its forward's work)."""
+    """The identity that takes `forward_s` of device-like compute in forward and `backward_s` in
+    backward (DeviceTime.apply(x, forward_s, backward_s))."""
 
     @staticmethod
-    def forward(ctx, x, seconds, backward_factor=2.0):
-        ctx.seconds = seconds * backward_factor
-        device_compute(seconds, x.device)
+    def forward(ctx, x, forward_s, backward_s):
+        ctx.backward_s = backward_s
+        device_compute(forward_s, x.device)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        device_compute(ctx.seconds, grad.device)
+        device_compute(ctx.backward_s, grad.device)
         return grad, None, None
 
 
 class DeviceLike(torch.nn.Module):
-    """`layer`, whose output comes `seconds` later in forward and `backward_factor` x `seconds` later
-    in backward, before the layer's own gradients are computed (as a GPU kernel would take them)."""
+    """`layer`, whose output comes `forward_s` later in forward and whose input's gradient comes
+    `backward_s` later in backward (default: twice `forward_s`, as a layer's backward does about
+    twice its forward's work), before the layer's own gradients are computed, as a GPU kernel
+    would take them while the rank's cores stay free."""
 
-    def __init__(self, layer, seconds, backward_factor=2.0):
+    def __init__(self, layer, forward_s, backward_s=None):
         super().__init__()
-        self.layer, self.seconds, self.backward_factor = layer, seconds, backward_factor
+        self.layer, self.forward_s = layer, forward_s
+        self.backward_s = 2 * forward_s if backward_s is None else backward_s
 
     def forward(self, x):
-        return DeviceTime.apply(self.layer(x), self.seconds, self.backward_factor)
+        return DeviceTime.apply(self.layer(x), self.forward_s, self.backward_s)
 
 
 # ------------------------------------------------------------------------------- paced link

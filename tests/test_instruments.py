@@ -127,6 +127,12 @@ def test_device_compute_takes_time_but_no_core():
     y.sum().backward()
     assert t1 - t0 >= 0.05 and time.perf_counter() - t1 >= 0.1          # backward: twice the forward
     torch.testing.assert_close(x.grad, torch.ones(2, 4) @ layer.layer.weight)
+    only_backward = standins.DeviceLike(torch.nn.Linear(4, 4), 0.0, 0.1)
+    t0 = time.perf_counter()
+    y = only_backward(x)
+    t1 = time.perf_counter()
+    y.sum().backward()
+    assert t1 - t0 < 0.05 and time.perf_counter() - t1 >= 0.1
 
 
 def test_the_recorder_stamps_spans_and_collectives_on_one_axis():
