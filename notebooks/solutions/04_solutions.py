@@ -4,7 +4,7 @@ import torch.distributed as dist
 
 
 def ideal_overlap_time(t_a, t_b):
-    """Time of two independent pieces of work (t_a, t_b seconds) on two engines, perfectly overlapped."""
+    """Time of two independent pieces of work (t_a, t_b seconds) on two engines."""
     return max(t_a, t_b)
 
 

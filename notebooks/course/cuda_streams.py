@@ -1,0 +1,28 @@
+"""Lecture 04's pieces that later lectures reuse, exactly as notebooks/04_cuda_streams.ipynb shows them
+(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+import torch.distributed as dist
+
+
+def sequential_step(x, compute):
+    """All-reduce x (sum), then compute: nothing overlaps."""
+    dist.all_reduce(x)
+    return compute()
+
+
+def overlapped_step(x, compute):
+    """Start the all-reduce, compute while it runs, wait before x is used."""
+    work = dist.all_reduce(x, async_op=True)
+    out = compute()                                # must not read or write x
+    work.wait()                                    # the synchronisation point
+    return out
+
+def assert_overlaps(rows, atol_ms=5.0):
+    """Each row's overlapped step takes max(comm, compute) of the models (its "comm
+    model ms", "compute model ms"), within atol_ms: two engines."""
+    for row in rows:
+        ideal = max(row["comm model ms"], row["compute model ms"])
+        off = row["overlapped ms"] - ideal
+        assert abs(off) <= atol_ms, (
+            f"ratio {row['ratio']:g}: overlapped {row['overlapped ms']:.1f} ms, "
+            f"{off:+.1f} ms off max(comm, compute) = {ideal:.1f} ms")
+    return True
