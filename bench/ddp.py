@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/ddp.py [--steps 60] [--cap-mb 2] [--world-size 2]
 
-The bucketed DDP measured is the one the lecture teaches: `BucketedDDP` (and the functions it uses)
-is read from the code cells of notebooks/05_ddp.ipynb, so the notebook stays the one place it lives.
+The bucketed DDP measured is the one the lecture teaches: `BucketedDDP` and `sgd_update` are imported
+from notebooks/course/ddp.py, written from the lecture's #@save cells (tests/test_saved.py keeps the
+two the same), so the notebook stays the one place they live.
 Both DDPs train the lecture's timing model (helpers.tiny, float64) on the same data with the same
 bucket cap; each step (zero_grad, forward, backward, gradient sync, SGD step) is timed on every rank,
 the two variants alternate step by step, and the figure per step is the slowest rank's time. Prints
@@ -15,17 +16,17 @@ import statistics
 import sys
 import time
 
-from lecture import lecture_code, notebook
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NEEDED = ("broadcast_parameters", "sgd_step", "BucketedDDP")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "notebooks"))
 
 
-def bench(rank, world_size, lecture, model_kw, batch, cap_mb, steps, warmup):
+def bench(rank, world_size, model_kw, batch, cap_mb, steps, warmup):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from course.ddp import BucketedDDP, sgd_update
     from helpers import timing, tiny
     from helpers.spawn import device
 
@@ -35,7 +36,7 @@ def bench(rank, world_size, lecture, model_kw, batch, cap_mb, steps, warmup):
     for name in ("bucketed", "torch DDP"):
         model = tiny.model(**model_kw, seed=0, device=dev)
         if name == "bucketed":
-            ddp = lecture["BucketedDDP"](model, bucket_cap_mb=cap_mb)
+            ddp = BucketedDDP(model, bucket_cap_mb=cap_mb)
         else:
             ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb,
                                           device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -50,7 +51,7 @@ def bench(rank, world_size, lecture, model_kw, batch, cap_mb, steps, warmup):
             tiny.loss(ddp(x), y).backward()
             if name == "bucketed":
                 ddp.finish_gradient_sync()
-            lecture["sgd_step"](model, lr=1e-3)
+            sgd_update(model, 1e-3)
             clock.now("end")
             if step >= warmup:
                 times[name].append(clock.read()["end"])
@@ -75,18 +76,16 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="samples per rank")
     args = ap.parse_args()
 
-    sys.path.insert(0, ROOT)
     from helpers import machine, tiny
     from helpers.spawn import spawn
 
-    lecture = lecture_code(notebook("05_ddp"), NEEDED, constants={"LR": 0.1})
     model_kw = dict(dim=args.dim, hidden=args.hidden, depth=args.depth)
     n_params = sum(p.numel() for p in tiny.model(**model_kw).parameters())
     print(machine.banner(args.world_size))
     print(f"Model {model_kw}: {n_params:,} parameters ({n_params * 8 / 2**20:.1f} MiB float64 gradients), "
           f"{args.batch} samples per rank, bucket cap {args.cap_mb:g} MiB, {args.steps} timed steps each.")
     t0 = time.perf_counter()
-    runs = spawn(bench, args.world_size, args=(lecture, model_kw, args.batch, args.cap_mb, args.steps,
+    runs = spawn(bench, args.world_size, args=(model_kw, args.batch, args.cap_mb, args.steps,
                                                args.warmup), timeout=600)
     figures = {}
     for name in ("bucketed", "torch DDP"):

@@ -3,7 +3,7 @@ import torch.distributed as dist
 
 
 def assign_buckets(sizes, cap, first_cap):
-    """Buckets of parameter indices, last parameter first; close a bucket once it reaches its cap."""
+    """Buckets of parameter indices, the last parameter first."""
     buckets, current, size = [], [], 0
     for i in reversed(range(len(sizes))):
         current.append(i)
@@ -16,11 +16,6 @@ def assign_buckets(sizes, cap, first_cap):
     return buckets
 
 
-def shard_of_batch(global_batch, rank, world_size):
-    """The part of `global_batch` (a list of sample indices, shuffled order) that rank `rank` trains on."""
-    return list(global_batch[rank::world_size])
-
-
 def average_gradients(model, world_size):
     """Make every p.grad of `model` the mean of that gradient over all ranks."""
     for p in model.parameters():
@@ -29,5 +24,5 @@ def average_gradients(model, world_size):
 
 
 def bytes_sent_per_step(param_bytes, world_size, micro_batches):
-    """Bytes one rank sends per optimizer step (ring all-reduce, no_sync for all but the last micro-batch)."""
+    """Bytes one rank sends per optimizer step (ring all-reduce)."""
     return 2 * (world_size - 1) / world_size * param_bytes

@@ -1,0 +1,208 @@
+"""Measuring machinery of the DDP lecture: a paced all-reduce, and interleaved step timing.
+
+    with ddp_bench.paced_all_reduce(gbps, alpha_s) as link:   # inside a rank (gloo)
+        step()                                               # the plain DDP code, unchanged
+    link.calls   # [{"launch", "start", "end", "nbytes"}], perf_counter seconds
+
+    with ddp_bench.without_all_reduce():                     # the same code, nothing exchanged
+        step()                                               # (what DDP's copies and hooks cost)
+
+    times = ddp_bench.time_steps({"bucketed": (step, paced), ...}, steps, warmup)
+
+The paced all-reduce is a stand-in, like helpers.standins.paced_link (which paces point-to-point
+calls): every `dist.all_reduce` of the code inside also takes alpha + 2(K-1)/K n / B on a link
+that carries one all-reduce at a time and needs no core (a host sleep when the work is waited
+for), as a GPU's copy engines and NIC would. An all-reduce starts on the link when the LAST rank
+has launched it (a one-number MAX all-reduce of the ranks' launch clocks, perf_counter being one
+system-wide monotonic clock) or when the one before it is through, whichever is later: so it ends
+at the same time on every rank. The real all-reduce runs too (the values are right), in parallel;
+its own time hides inside the pacing as long as it is shorter, but its CPU work (and the stamp's)
+is real: a "no communication" baseline (`without_all_reduce`) leaves it out. Gloo only.
+"""
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from helpers import timing
+
+
+class _Done:
+    """The work of an all-reduce that did not run."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+class _Paced(_Done):
+    """The work of a paced all-reduce: done when the real one is and the link has carried it."""
+
+    def __init__(self, link, call, work):
+        self.link, self.call, self._work = link, call, work
+
+    def wait(self, *args, **kwargs):
+        self.link.resolve(self.call)
+        self._work.wait(*args, **kwargs)
+        left = self.call["end"] - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return True
+
+    def is_completed(self):
+        return ("end" in self.call and time.perf_counter() >= self.call["end"]
+                and self._work.is_completed())
+
+
+class _Link:
+    def __init__(self, gbps, alpha_s):
+        self.gbps, self.alpha_s, self.free, self.calls, self._stamps = gbps, alpha_s, 0.0, [], []
+
+    def seconds(self, nbytes, k):
+        """alpha + 2(K-1)/K n / B: a ring all-reduce's bytes out of each rank over the link."""
+        return 0.0 if k == 1 else self.alpha_s + 2 * (k - 1) / k * nbytes / (self.gbps * 1e9)
+
+    def resolve(self, call):
+        """Place every call up to `call` on the link, in launch order: each starts when the last
+        rank launched it (the MAX of the ranks' launch stamps) or when the link is free."""
+        for c, (stamp, work) in zip(self.calls, self._stamps):
+            if "end" not in c:
+                work.wait()
+                c["start"] = max(stamp.item(), self.free)
+                c["end"] = self.free = c["start"] + c["seconds"]
+            if c is call:
+                return
+
+
+@contextlib.contextmanager
+def _patched(replacement):
+    real = dist.all_reduce
+    dist.all_reduce = replacement
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
+
+
+@contextlib.contextmanager
+def paced_all_reduce(gbps, alpha_s=0.0):
+    """Inside: every dist.all_reduce also takes alpha_s + 2(K-1)/K n / (gbps GB/s) on a link that
+    needs no core (see the module's docstring). Yields the link; link.calls logs every call."""
+    if dist.get_backend() != "gloo":
+        raise RuntimeError("the paced all-reduce sleeps on the host: a stand-in for gloo only")
+    real, link = dist.all_reduce, _Link(gbps, alpha_s)
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        launch, nbytes = time.perf_counter(), tensor.numel() * tensor.element_size()
+        stamp = torch.tensor([launch], dtype=torch.float64)       # -> the last rank's launch
+        link._stamps.append((stamp, real(stamp, op=dist.ReduceOp.MAX, group=group,
+                                         async_op=True)))
+        call = {"launch": launch, "nbytes": nbytes,
+                "seconds": link.seconds(nbytes, dist.get_world_size(group))}
+        link.calls.append(call)
+        done = _Paced(link, call, real(tensor, op=op, group=group, async_op=True))
+        if async_op:
+            return done
+        done.wait()
+        return None
+
+    with _patched(all_reduce):
+        yield link
+
+
+@contextlib.contextmanager
+def without_all_reduce():
+    """Inside: dist.all_reduce does nothing (the tensor keeps its value) and returns a done work."""
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        return _Done() if async_op else None
+
+    with _patched(all_reduce):
+        yield
+
+
+def time_steps(variants, steps, warmup=2, device=None):
+    """{name: [seconds of each timed step]} of every variant {name: (step, context)}: `step()` runs
+    inside `context()` (a fresh context manager per step), after a barrier, on helpers.timing's
+    clock. The variants take turns step by step, so a change in the machine's load hits all alike."""
+    times = {name: [] for name in variants}
+    for i in range(warmup + steps):
+        for name, (step, context) in variants.items():
+            dist.barrier()
+            clock = timing.Clock(device)
+            with context():
+                clock.now("start")
+                step()
+                clock.now("end")
+            if i >= warmup:
+                times[name].append(clock.read()["end"])
+    return times
+
+
+def slowest_rank(per_rank, name):
+    """Per step, the slowest rank's time: a DDP step is as slow as its slowest rank."""
+    return [max(ts) for ts in zip(*(r[name] for r in per_rank))]
+
+
+def bucket_plan(ddp):
+    """(index of the earliest block, bytes) of each bucket of a bucketed DDP whose module is
+    a Sequential of blocks, in launch order: the block whose backward makes it ready."""
+    block = {id(p): j for j, b in enumerate(ddp.module) for p in b.parameters()}
+    return [(min(block[id(p)] for p in b), sum(p.numel() * p.element_size() for p in b))
+            for b in ddp.buckets]
+
+
+def torch_buckets(rank, world_size, configs, iterations=3, seed=0):
+    """What torch's DistributedDataParallel hands its communication hook, per iteration: for
+    each {label: (tiny.model kwargs, DDP kwargs)}, [(iteration, bucket index, parameter names,
+    bytes)]. A rank's function for helpers.spawn."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    from helpers import tiny
+    from helpers.spawn import device
+
+    dev, out = device(), {}
+    for label, (model_kw, ddp_kw) in configs.items():
+        model = tiny.model(**model_kw, seed=seed, device=dev)
+        x, y = tiny.batch(16, model_kw["dim"], seed=1 + rank, device=dev)
+        names = {id(p): n for n, p in model.named_parameters()}
+        ddp, state = DistributedDataParallel(model, **ddp_kw), {"iteration": 0, "log": []}
+
+        def hook(state, bucket):
+            ps = bucket.parameters()
+            state["log"].append((state["iteration"], bucket.index(), [names[id(p)] for p in ps],
+                                 sum(p.numel() * p.element_size() for p in ps)))
+            return default_hooks.allreduce_hook(None, bucket)
+
+        ddp.register_comm_hook(state, hook)
+        with _quiet_stderr():        # find_unused_parameters warns that none were unused
+            for state["iteration"] in range(iterations):
+                model.zero_grad()
+                tiny.loss(ddp(x), y).backward()
+        out[label] = state["log"]
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Inside: what C++ writes to this process's stderr (its logging) goes nowhere."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
