@@ -1,0 +1,180 @@
+"""Lecture 06's pieces that later lectures reuse, exactly as notebooks/06_zero.ipynb shows them
+(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+
+def model_state_bytes(stage, psi, n, p_bytes=2, g_bytes=2, k=12):
+    """Bytes of parameters, gradients, optimizer state per rank at `stage` (0: DDP)."""
+    return {"params": p_bytes * psi / (n if stage >= 3 else 1),
+            "grads": g_bytes * psi / (n if stage >= 2 else 1),
+            "optim": k * psi / (n if stage >= 1 else 1)}
+
+def flat_shard(t, n, rank):
+    """Rank `rank`'s 1/n of `t`, laid flat and padded with zeros to a multiple of n."""
+    flat = t.detach().reshape(-1)
+    size = -(-flat.numel() // n)                       # ceil(numel / n)
+    padded = F.pad(flat, (0, size * n - flat.numel()))
+    return padded[rank * size:(rank + 1) * size].clone()
+
+class ZeroOptimizer:
+    """ZeRO-1: like ZeroRedundancyOptimizer(params, optimizer_class, **defaults), but
+    each rank owns 1/n of every tensor (flat, padded) and keeps the optimizer state
+    of that slice only."""
+
+    def __init__(self, params, optimizer_class, *, master_dtype=None, **defaults):
+        self.params = list(params)
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.shards = [flat_shard(p, self.n, self.rank).to(master_dtype or p.dtype)
+                       # the master copy of this rank's slices
+                       for p in self.params]
+        # ZeRO-2: reduced slices of the gradients
+        self.grads = [None] * len(self.params)
+        self.optim = optimizer_class(self.shards, **defaults)
+
+    def zero_grad(self):
+        for i, p in enumerate(self.params):
+            p.grad, self.grads[i] = None, None
+
+    def mean_grad(self, p, shard):
+        """This rank's slice of the gradient averaged over ranks: a reduce-scatter."""
+        full = F.pad(p.grad.reshape(-1), (0, shard.numel() * self.n - p.numel()))
+        mine = full.new_empty(shard.numel())
+        # the sum over ranks of slice `rank`
+        dist.reduce_scatter_single(mine, full)
+        return mine / self.n
+
+    @torch.no_grad()
+    def step(self):
+        for i, (p, shard) in enumerate(zip(self.params, self.shards)):
+            grad = self.mean_grad(p, shard) if self.grads[i] is None else self.grads[i]
+            shard.grad = grad.to(shard.dtype)
+        self.optim.step()                               # only this rank's slices
+        for p, shard in zip(self.params, self.shards):
+            full = p.new_empty(shard.numel() * self.n)
+            # everyone's updated slices
+            dist.all_gather_single(full, shard.to(p.dtype))
+            p.copy_(full[:p.numel()].view_as(p))
+            shard.grad = None
+
+class Zero2Optimizer(ZeroOptimizer):
+    """ZeRO-2: each gradient is reduce-scattered as soon as backward has it; only the
+    slice stays."""
+
+    def __init__(self, params, optimizer_class, *, master_dtype=None, **defaults):
+        super().__init__(params, optimizer_class, master_dtype=master_dtype, **defaults)
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self.keep_slice(i))
+
+    @torch.no_grad()
+    def keep_slice(self, i):
+        p = self.params[i]
+        mine = self.mean_grad(p, self.shards[i])
+        # accumulate over micro-batches; the full gradient is gone at once
+        self.grads[i] = mine if self.grads[i] is None else self.grads[i] + mine
+        p.grad = None
+
+class GatherParams(torch.autograd.Function):
+    """Forward: the unit's full flat parameters (all-gather). Backward: the mean
+    gradient of this rank's shard (reduce-scatter the full gradient, divide by n)."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        return unit.unshard()
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        unit = ctx.unit
+        unit.full_again = None     # this unit's backward is over: free its parameters
+        mine = grad_full.new_empty(unit.shard.numel(), dtype=unit.reduce_dtype)
+        dist.reduce_scatter_single(mine, grad_full.to(unit.reduce_dtype))
+        return (mine / unit.n).to(unit.shard.dtype), None
+
+def place_only(unit, full):
+    """Saved-tensor hooks: autograd keeps a view of `full` as its place in the buffer;
+    backward gets it from the unit gathered again (once)."""
+    ptr = full.untyped_storage().data_ptr()
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() != ptr:
+            return t
+        return (t.storage_offset(), t.shape, t.stride())
+
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        if unit.full_again is None:
+            unit.full_again = unit.unshard()
+        offset, shape, stride = saved
+        return unit.full_again.as_strided(shape, stride, offset)
+    return pack, unpack
+
+class ShardedUnit(nn.Module):
+    """ZeRO-3 / FSDP for one layer: its parameters live as a flat padded shard per rank,
+    gathered (in param_dtype) around its forward and again in its backward."""
+
+    def __init__(self, layer, param_dtype=None, reduce_dtype=None):
+        super().__init__()
+        self.n, rank = dist.get_world_size(), dist.get_rank()
+        named = list(layer.named_parameters())
+        self.names, self.shapes = [k for k, _ in named], [p.shape for _, p in named]
+        flat = torch.cat([p.detach().reshape(-1) for _, p in named])
+        self.numel = flat.numel()
+        self.shard = nn.Parameter(flat_shard(flat, self.n, rank))   # the optimizer's
+        self.param_dtype = param_dtype or flat.dtype
+        self.reduce_dtype = reduce_dtype or self.param_dtype
+        self.code = [layer.to("meta")]   # a list: the layer's code, not its parameters
+        self.pending, self.full_again = None, None
+
+    def start_unshard(self):
+        """Issue the all-gather of the full flat parameters; unshard() waits for it."""
+        full = self.shard.new_empty(self.shard.numel() * self.n, dtype=self.param_dtype)
+        work = dist.all_gather_single(full, self.shard.detach().to(self.param_dtype),
+                                      async_op=True)
+        self.pending = (work, full)
+
+    def unshard(self):
+        if self.pending is None:
+            self.start_unshard()
+        (work, full), self.pending = self.pending, None
+        work.wait()
+        return full
+
+    def views(self, full):
+        flat = full[:self.numel].split([s.numel() for s in self.shapes])
+        return {k: v.view(s) for k, v, s in zip(self.names, flat, self.shapes)}
+
+    def forward(self, x):
+        full = GatherParams.apply(self.shard, self)
+        with torch.autograd.graph.saved_tensors_hooks(*place_only(self, full)):
+            return functional_call(self.code[0], self.views(full),
+                                   (x.to(self.param_dtype),))
+
+    def full_state_dict(self):
+        """The layer's full parameters in the shard's dtype (every rank gets them)."""
+        full = self.shard.new_empty(self.shard.numel() * self.n)
+        dist.all_gather_single(full, self.shard.detach())
+        return {k: v.clone() for k, v in self.views(full).items()}
+
+def prefetch_forward(units):
+    """Before unit i's forward, issue its all-gather (if not yet issued) and unit i+1's,
+    as FSDP2's unit.set_modules_to_forward_prefetch([next_unit]) does."""
+    def hook(unit, args, nxt):
+        if unit.pending is None:
+            unit.start_unshard()
+        nxt.start_unshard()
+    return [unit.register_forward_pre_hook(lambda u, a, nxt=nxt: hook(u, a, nxt))
+            for unit, nxt in zip(units, units[1:])]
+
+def assert_prefetch_model(serial_s, prefetch_s, gather_s, compute_s, layers):
+    """Forward times against the model: L(g + c) in turns, g + (L-1) max(g, c) + c
+    prefetched; above each (floors), and by less than half the predicted saving."""
+    serial = layers * (gather_s + compute_s)
+    ahead = gather_s + (layers - 1) * max(gather_s, compute_s) + compute_s
+    room = (serial - ahead) / 2
+    assert serial <= serial_s < serial + room, ("in turns", serial_s, serial, room)
+    assert ahead <= prefetch_s < ahead + room, ("prefetched", prefetch_s, ahead, room)
