@@ -26,9 +26,11 @@ ring. A send's bytes are what it sends, counted. The tracer does not time anythi
 operation goes through Python, so time the code outside it.
 
 A dispatch mode is thread-local: the tracer sees the calls made on the thread that entered it (and
-in autograd's backward, which carries it), not a call made in a callback of a work's future, which
-gloo runs on a thread of its own (PowerSGD's second all-reduce, made in the first one's callback):
-count those where they are made (a test pins this down).
+in autograd's backward, which carries it), not a call made on another thread, such as a callback of
+a work's future that gloo runs on its own thread when the work completes (PowerSGD's second
+all-reduce, made in the first one's callback); a callback attached to a future already done runs
+at once on the caller's thread and is seen. Count calls on other threads where they are made (a
+test pins this down).
 
 The operator names and their argument names are torch's (as of torch 2.13); an operator of those
 namespaces that the table below does not know is recorded with kind "other" (strict=True raises

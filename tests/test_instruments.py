@@ -2,6 +2,7 @@
 (helpers.trace), the paced link and device-like compute (helpers.standins), the timeline recorder
 (helpers.timeline). Timings are asserted as bounds that load cannot break (a sleep only lasts longer)
 or with margins of a whole model term."""
+import threading
 import time
 
 import pytest
@@ -156,14 +157,24 @@ def test_the_recorder_stamps_spans_and_collectives_on_one_axis():
     assert shared0[2]["start"] == shared0[2]["end"]
 
 
-def test_the_tracer_does_not_see_a_call_made_in_a_futures_callback():
-    """What the docstring warns: gloo runs a future's callbacks on its own thread, where the
-    thread-local dispatch mode is not; a DDP comm hook that chains collectives must be counted inside."""
+def test_the_tracer_does_not_see_a_call_made_on_another_thread():
+    """What the docstring warns: a future's callback runs on the thread that completes the future
+    (gloo's, for a work still running when the callback is attached), where the thread-local
+    dispatch mode is not; attached to a future already done, it runs at once on the caller's
+    thread and is seen. Both cases made deterministic: a future completed from another thread,
+    and a work waited for before its callback is attached."""
     def fn(rank, k):
-        x, y = torch.ones(4), torch.ones(4)
+        x, y, z = torch.ones(4), torch.ones(4), torch.ones(4)
         with trace.calls() as log:
-            fut = dist.all_reduce(x, async_op=True).get_future()
-            fut.then(lambda f: dist.all_reduce(y)).wait()
-        return log.count("all_reduce"), torch.equal(y, torch.full((4,), 2.0))
+            pending = torch.futures.Future()
+            chained = pending.then(lambda f: dist.all_reduce(y))      # on the thread below
+            done = threading.Thread(target=pending.set_result, args=(None,))
+            done.start()
+            done.join()
+            chained.wait()
+            fut = dist.all_reduce(x, async_op=True).get_future()     # seen
+            fut.wait()
+            fut.then(lambda f: dist.all_reduce(z)).wait()             # inline: seen
+        return log.count("all_reduce"), all(torch.equal(t, torch.full((4,), 2.0)) for t in (y, z))
 
-    assert spawn(fn, 2) == [(1, True), (1, True)]
+    assert spawn(fn, 2) == [(2, True), (2, True)]
