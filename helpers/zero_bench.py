@@ -14,7 +14,8 @@ forward timeline. It wraps the lecture's plain code (course.zero) and torch's FS
 - the forward timeline: each unit's forward as a span (forward hooks, helpers.timeline.Recorder),
   and each gather's time on the link, on one perf_counter axis;
 - the peak: the bytes of the storages created and alive at once (PeakBytes, peak_bytes), under
-  gloo inside caller_owned_collectives(), where the caller's frees, not gloo's thread, time them.
+  gloo inside caller_owned_collectives(), where the caller's frees, not gloo's thread, time them;
+  assert_zero3_peak holds a ZeRO-3 step's peak to its model (the lecture and its test use it).
 """
 import contextlib
 import functools
@@ -233,3 +234,22 @@ def peak_bytes(fn):
     with PeakBytes() as mode:
         fn()
     return mode.peak
+
+
+def assert_zero3_peak(peak, numel, n, saved, p=2, r=4):
+    """A ZeRO-3 step's `peak` (peak_bytes inside caller_owned_collectives, above what a rank
+    holds: its shards and their gradients) against its model, for units of `numel` parameters
+    each (padded here to N, a multiple of n), p bytes a param_dtype value, r a reduce_dtype one,
+    and `saved` activation values autograd keeps (in param_dtype, A = saved p bytes): at least
+    A + G, G = N p one gathered unit (a step must gather one), at most A + 2G (this unit's and
+    the next's) plus the backward's transients: the unit's flat gradient (N p), its cast to
+    reduce_dtype (N r; none when r's dtype is p's, an upper bound then) and the reduced slice
+    (N r / n). A unit that keeps what it gathers adds G a gather, 2G a layer a step: above it
+    from a few layers on. Returns the bounds (lo, hi) in bytes."""
+    numel = -(-numel // n) * n
+    gathered, acts = numel * p, saved * p
+    transients = numel * p + numel * r + numel // n * r
+    lo, hi = acts + gathered, acts + 2 * gathered + transients
+    assert lo <= peak, ("below one gathered unit", peak, lo)
+    assert peak <= hi, ("more than two gathered units and the gradient's buffers", peak, hi)
+    return lo, hi

@@ -9,7 +9,8 @@ are in tests/test_lecture_06.py).
   roundings); one that overwrites the kept slice is caught.
 - course.zero.ShardedUnit (ZeRO-3 as a module wrapper per layer) reaches bit for bit the
   parameters of FSDP2's fully_shard, in float32 and with MixedPrecisionPolicy(bf16, fp32); a
-  unit that reduce-scatters without averaging is caught.
+  unit that reduce-scatters without averaging is caught; in float32 it differs from one process
+  by a few roundings (not bitwise, relative gap below 1e-4: half-batch means round differently).
 - On 3 and 4 ranks every stage equals one process in float64; ZeRO-3 gathers each layer twice
   (FSDP2 with reshard_after_forward=False once); prefetching changes when, not what.
 """
@@ -176,10 +177,15 @@ def _sharded(rank, n, policy):
 
 @pytest.mark.parametrize("policy", [(None, None), (torch.bfloat16, torch.float32)])
 def test_the_module_wrapper_equals_fully_shard(policy):
+    ref = _train(0, 1, torch.float32, lambda m: (m, torch.optim.AdamW(m.parameters(), **HP)))
     for res in spawn(_sharded, 2, args=(policy,), backend="gloo"):
         assert _same(res["ours"], res["fsdp"])
         assert not _same(res["sum"], res["fsdp"])            # the negative control is caught
         assert res["dtype"] == (policy[0] or torch.float32)
+        if policy == (None, None):   # float32 against one process: a few roundings (the
+            gap = max(((res["ours"][k] - ref[k]).abs().max() / ref[k].abs().max()).item()
+                      for k in ref)  # lecture's ~3e-6: half-batch means round differently)
+            assert 0 < gap < 1e-4, gap
 
 
 

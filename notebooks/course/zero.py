@@ -29,10 +29,8 @@ class ZeroOptimizer:
         self.params = list(params)
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
         self.shards = [flat_shard(p, self.n, self.rank).to(master_dtype or p.dtype)
-                       # the master copy of this rank's slices
-                       for p in self.params]
-        # ZeRO-2: reduced slices of the gradients
-        self.grads = [None] * len(self.params)
+                       for p in self.params]   # the master copy of this rank's slices
+        self.grads = [None] * len(self.params)   # ZeRO-2: reduced gradient slices
         self.optim = optimizer_class(self.shards, **defaults)
 
     def zero_grad(self):
@@ -43,8 +41,7 @@ class ZeroOptimizer:
         """This rank's slice of the gradient averaged over ranks: a reduce-scatter."""
         full = F.pad(p.grad.reshape(-1), (0, shard.numel() * self.n - p.numel()))
         mine = full.new_empty(shard.numel())
-        # the sum over ranks of slice `rank`
-        dist.reduce_scatter_single(mine, full)
+        dist.reduce_scatter_single(mine, full)   # the sum over ranks of slice `rank`
         return mine / self.n
 
     @torch.no_grad()
@@ -55,8 +52,7 @@ class ZeroOptimizer:
         self.optim.step()                               # only this rank's slices
         for p, shard in zip(self.params, self.shards):
             full = p.new_empty(shard.numel() * self.n)
-            # everyone's updated slices
-            dist.all_gather_single(full, shard.to(p.dtype))
+            dist.all_gather_single(full, shard.to(p.dtype))  # everyone's updated slices
             p.copy_(full[:p.numel()].view_as(p))
             shard.grad = None
 
