@@ -1,0 +1,100 @@
+"""Lecture 07 (tensor parallelism): its shape, and its key measured claim with negative controls.
+
+The claim (notebooks/07_tensor_parallel.ipynb, section 5): the collectives that helpers.trace
+counts around a Megatron block's forward and backward equal `megatron_traffic` exactly (one
+all-reduce of tokens x dim values forward, one backward, per block; `assert_traffic`). Counts do
+not depend on the machine's load, so the test holds on a busy machine. Three runs or models made
+wrong on purpose must fail it:
+- a block with one f too many (its input's gradient all-reduced twice: wrong gradients, and one
+  all-reduce more in backward);
+- the reading's scheme (CS336: every layer column-split, its output all-gathered);
+- the right run against a model off by a factor of two in the bytes.
+
+The pieces are imported from notebooks/course/tensor_parallel.py, which is what the lecture shows
+(tests/test_saved.py).
+"""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course.tensor_parallel import (ParallelBlock, assert_traffic, f, megatron_traffic)
+from helpers import shape, tiny, trace
+from helpers.spawn import spawn
+
+LECTURE = Path(shape.NOTEBOOKS) / "07_tensor_parallel.ipynb"
+DIM, HIDDEN, TOKENS = 16, 64, 6                      # float64: 8 bytes a value
+
+
+class _OneFTooMany(ParallelBlock):
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(f(x))))    # fc1 has its own f already
+
+
+def _gathered(x, block, rank, K):
+    for layer, act in ((block.fc1, F.gelu), (block.fc2, lambda t: t)):
+        w, b = layer.weight.tensor_split(K)[rank], layer.bias.tensor_split(K)[rank]
+        parts = [x.new_empty(len(x), len(b)) for _ in range(K)]
+        dist.all_gather(parts, act(F.linear(x, w, b)))
+        x = torch.cat(parts, dim=1)
+    return x
+
+
+def _traced(rank, K, variant):
+    block = tiny.model(DIM, HIDDEN, 1, seed=0)[0]
+    x = tiny.batch(TOKENS, DIM, seed=1)[0].requires_grad_()
+    with trace.calls() as log:
+        log.phase = "forward"
+        if variant == "gathered":
+            with torch.no_grad():
+                y = x + _gathered(x, block, rank, K)
+            return log.rows(by=("phase", "kind")), None
+        blk = (ParallelBlock if variant == "megatron" else _OneFTooMany)(block, rank, K)
+        y = blk(x)
+        log.phase = "backward"
+        y.pow(2).sum().backward()
+    return log.rows(by=("phase", "kind")), x.grad
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {v: spawn(_traced, 2, args=(v,), backend="gloo")
+            for v in ("megatron", "one f too many", "gathered")}
+
+
+def test_the_megatron_block_meets_the_traffic_model(runs):
+    model = megatron_traffic(1, TOKENS, DIM, 8)
+    block = tiny.model(DIM, HIDDEN, 1, seed=0)[0]
+    x = tiny.batch(TOKENS, DIM, seed=1)[0].requires_grad_()
+    block(x).pow(2).sum().backward()
+    for rows, dx in runs["megatron"]:
+        assert_traffic(rows, model)
+        torch.testing.assert_close(dx, x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_block_with_one_f_too_many_fails_it(runs):
+    for rows, _ in runs["one f too many"]:
+        with pytest.raises(AssertionError):
+            assert_traffic(rows, megatron_traffic(1, TOKENS, DIM, 8))
+
+
+def test_the_readings_scheme_fails_it(runs):
+    for rows, _ in runs["gathered"]:
+        assert_traffic(rows, {("forward", "all_gather"): (2, TOKENS * (HIDDEN + DIM) * 8)})
+        with pytest.raises(AssertionError):
+            assert_traffic(rows, megatron_traffic(1, TOKENS, DIM, 8))
+
+
+def test_a_model_off_by_two_fails_it(runs):
+    for rows, _ in runs["megatron"]:
+        with pytest.raises(AssertionError):
+            assert_traffic(rows, megatron_traffic(1, TOKENS, DIM, 16))
+
+
+def test_the_lecture_has_the_shape():
+    got = shape.shape(LECTURE)
+    assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
+    assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
+    assert got["wordy prints"] == 0 and got["chosen texts"] == 0
