@@ -1,0 +1,156 @@
+"""Lecture 08's pieces that later lectures reuse, exactly as notebooks/08_pipeline_parallel.ipynb shows them
+(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+import torch
+import torch.distributed as dist
+from helpers import timing, tiny
+from torch import nn
+
+
+def stage_module(model, stage, p):
+    """Stage `stage` of p: its run of consecutive blocks of `model`."""
+    per = len(model) // p
+    return nn.Sequential(*list(model)[stage * per:(stage + 1) * per])
+
+
+def gpipe(p, m, stage):
+    """GPipe: all m forwards, then all m backwards."""
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def one_f_one_b(p, m, stage):
+    """1F1B: p - stage - 1 warm-up forwards, then one forward one backward, then the
+    remaining backwards."""
+    warmup = min(p - stage - 1, m)
+    actions = [("F", i) for i in range(warmup)]
+    for i in range(warmup, m):
+        actions += [("F", i), ("B", i - warmup)]
+    return actions + [("B", i) for i in range(m - warmup, m)]
+
+
+SCHEDULES = {"GPipe": gpipe, "1F1B": one_f_one_b}
+
+
+def count_saved(sizes, params):
+    """A saved_tensors_hooks pack hook: each tensor autograd saves, parameters aside, in
+    sizes {(address, numel): bytes}."""
+    def pack(t):
+        if t.data_ptr() not in params:
+            sizes[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+        return t
+    return pack
+
+
+def as_is(t):
+    """The unpack hook: the tensor as saved."""
+    return t
+
+def run_schedule(stage, actions, xs, ys, rank, p, work=None):
+    """One step of this stage: `actions` in order on micro-batches xs, ys; work(kind)
+    after each. Returns [(kind, i, start, end)] (seconds), the most micro-batches and
+    bytes held at once, and the loss."""
+    m, first, last = len(xs), rank == 0, rank == p - 1
+    params = {q.data_ptr() for q in stage.parameters()}
+    held, saved, pending, in_flight = {}, {}, [], []
+    clock, peak, peak_bytes, loss = timing.Clock(xs[0].device), 0, 0, 0.0
+
+    def exchange(recv=None):    # the pending sends and this receive, as one group
+        ops = pending + ([recv] if recv is not None else [])
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if recv is not None:    # gloo: the receive's own work; NCCL: the group's one
+            works.pop().wait()
+        in_flight.append((works, [op.tensor for op in pending]))   # alive to the end
+        pending.clear()
+
+    clock.now("step start")
+    for n, (kind, i) in enumerate(actions):
+        source = rank - 1 if kind == "F" else rank + 1
+        edge = first if kind == "F" else last
+        buf = torch.empty_like(xs[i] if kind == "F" else held[i][1])
+        exchange(None if edge else dist.P2POp(dist.irecv, buf, source))
+        clock.now((n, "start"))
+        if kind == "F":
+            inp = xs[i] if first else buf.requires_grad_()
+            sizes = {}
+            hooks = count_saved(sizes, params), as_is
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
+                out = stage(inp)
+                if last:
+                    out = tiny.loss(out, ys[i]) / m     # this micro-batch's share
+            held[i], saved[i] = (inp, out), sum(sizes.values())
+            peak = max(peak, len(held))
+            peak_bytes = max(peak_bytes, sum(saved.values()))
+            if last:
+                loss = loss + out.detach()
+            else:
+                pending.append(dist.P2POp(dist.isend, out.detach(), rank + 1))
+        else:
+            inp, out = held.pop(i)
+            out.backward(torch.ones_like(out) if last else buf)
+            saved.pop(i)                                # autograd freed it
+            if not first:
+                pending.append(dist.P2POp(dist.isend, inp.grad, rank - 1))
+        if work:
+            work(kind)
+        clock.now((n, "end"))
+    exchange()
+    for works, _ in in_flight:
+        for w in works:
+            w.wait()
+    t = clock.read()
+    t0 = t["step start"]
+    timeline = [(kind, i, t[n, "start"] - t0, t[n, "end"] - t0)
+                for n, (kind, i) in enumerate(actions)]
+    return timeline, peak, peak_bytes, float(loss)
+
+def simulate(schedule, p, m, time=None, hop=0.0):
+    """[(stage, kind, i, start, end)]: each stage runs its actions in order, each as
+    soon as the stage is free and its input is there, `hop` after the action making it.
+    time(stage, kind): an action's duration (default t_f = 1, t_b = 2). An action
+    (kind, i, c) runs chunk c of v on its rank, virtual stage c p + stage (Optional)."""
+    time = time or (lambda s, kind: 2.0 if kind == "B" else 1.0)
+    queues = [list(schedule(p, m, s)) for s in range(p)]
+    v = 1 + max(a[2] if len(a) > 2 else 0 for q in queues for a in q)  # chunks a rank
+    done, free, events = {}, [0.0] * p, []
+    while any(queues):
+        progressed = False
+        for s in range(p):
+            while queues[s]:
+                kind, i, c = (queues[s][0] + (0,))[:3]
+                k = c * p + s                                      # virtual stage
+                need = (("F", k - 1, i) if kind == "F" and k > 0 else
+                        ("B", k + 1, i) if kind == "B" and k < v * p - 1 else None)
+                if need is not None and need not in done:
+                    break
+                start = max(free[s], done[need] + hop if need else 0.0)
+                free[s] = done[kind, k, i] = start + time(s, kind)
+                events.append((s, kind, i, start, free[s]))
+                queues[s].pop(0)
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the schedule deadlocks: every stage waits for another")
+    return events
+
+
+def step_time(events):
+    """From the first start to the last end."""
+    return max(e[4] for e in events) - min(e[3] for e in events)
+
+
+def bubble(events, p):
+    """Idle fraction: 1 - (busy time over all stages) / (p x step time)."""
+    return 1 - sum(e[4] - e[3] for e in events) / (p * step_time(events))
+
+def predicted_step(schedule, p, m, events, hop):
+    """The step `schedule` takes with the measured mean time of each stage's forwards
+    and backwards in `events`, each input arriving `hop` after the action that made
+    it."""
+    times = {(s, k): [e[4] - e[3] for e in events if e[0] == s and e[1] == k]
+             for s in range(p) for k in "FB"}
+    mean = {key: sum(t) / len(t) for key, t in times.items()}
+    return step_time(simulate(schedule, p, m, lambda s, k: mean[s, k], hop))
+
+
+def assert_step_predicted(step, predicted, rel=0.15):
+    """A measured step is the predicted one within `rel` of it (Python between actions
+    and wake-ups, which the model leaves out)."""
+    assert abs(step - predicted) <= rel * predicted, (step, predicted)
