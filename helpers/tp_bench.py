@@ -1,16 +1,17 @@
 """Lecture 07's measuring machinery (tensor parallelism): the split-matmul picture, and what one rank
-measures around a split block it is given (counted flops and bytes, the median step with and
-without its all-reduces, one all-reduce alone). It wraps the lecture's plain code; it holds none.
+measures around a split block it is given (counted flops and bytes, the step with and without
+its all-reduces and one all-reduce alone, taking turns), and the stand-in step's check. It
+wraps the lecture's plain code; it holds none.
 """
+import contextlib
 import functools
-import statistics
 
 import torch
 import torch.distributed as dist
 from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import ddp_bench, plots, timing
+from helpers import ddp_bench, machine, plots, timing
 
 
 def draw_split(ax, kind, K=4):
@@ -57,20 +58,14 @@ def counted(blk, x):
 
 
 def timed(blk, x, iters):
-    """Median seconds (this rank) of a forward + backward step: as it is, with every
-    dist.all_reduce a no-op (compute alone: wrong values, right work), of one all-reduce of a
-    tensor like x alone, and the time a step's all-reduces waited for the last rank (`wait`).
-    A barrier before each measurement."""
+    """This rank's seconds of each round: a forward + backward step as it is ("step"), with
+    every dist.all_reduce a no-op ("compute": wrong values, right work), and one all-reduce of a
+    tensor like x alone ("all_reduce"), the three taking turns round by round after two warm-up
+    rounds (ddp_bench.time_steps: a change in the machine's load hits all three alike); and
+    "wait", what a step's all-reduces waited for the last rank to launch them."""
     def step():
         blk.zero_grad(set_to_none=True)
         blk(x).sum().backward()
-
-    def median(fn, context=None):
-        dist.barrier()
-        if context is None:
-            return timing.summary(timing.measure(fn, warmup=2, iters=iters))["median"]
-        with context():
-            return timing.summary(timing.measure(fn, warmup=2, iters=iters))["median"]
 
     def waited():
         """Seconds this rank's all-reduces of one step waited for the last rank to launch them
@@ -81,9 +76,11 @@ def timed(blk, x, iters):
         return sum(c["start"] - c["launch"] for c in link.calls)
 
     msg = torch.randn_like(x)
-    waits = [waited() for _ in range(iters)]
-    return dict(step=median(step), compute=median(step, ddp_bench.without_all_reduce),
-                all_reduce=median(lambda: dist.all_reduce(msg)), wait=statistics.median(waits))
+    times = ddp_bench.time_steps(
+        {"step": (step, contextlib.nullcontext),
+         "compute": (step, ddp_bench.without_all_reduce),
+         "all_reduce": (lambda: dist.all_reduce(msg), contextlib.nullcontext)}, iters)
+    return {**times, "wait": [waited() for _ in range(iters)]}
 
 
 def paced_steps(step, gbps, alpha_s, steps, warmup=2):
@@ -95,7 +92,31 @@ def paced_steps(step, gbps, alpha_s, steps, warmup=2):
                                 steps, warmup)
 
 
-def slowest_median(per_rank):
-    """{variant: median over steps of the slowest rank's seconds} of paced_steps' results."""
-    return {name: statistics.median(ddp_bench.slowest_rank(per_rank, name))
-            for name in per_rank[0]}
+def slowest(per_rank, name, minus=None):
+    """timing.summary (median, p10, p90, n) over rounds of the slowest rank's seconds of variant
+    `name` of timed's or paced_steps' results, less variant `minus`'s, round by round."""
+    rounds = ddp_bench.slowest_rank(per_rank, name)
+    if minus is not None:
+        rounds = [a - b for a, b in zip(rounds, ddp_bench.slowest_rank(per_rank, minus))]
+    return timing.summary(rounds)
+
+
+def assert_added(added_s, links_s, K, tolerance_s):
+    """What the all-reduces added to a stand-in step equals the links' model within
+    `tolerance_s` per all-reduce (two a step) and per rank a core carries."""
+    tolerance = 2 * tolerance_s * max(1, K / machine.usable_cores())
+    assert abs(added_s - links_s) < tolerance, (
+        f"K={K}: the all-reduces added {1e3 * added_s:.2f} ms, the model says "
+        f"{1e3 * links_s:.2f} ms (tolerance {1e3 * tolerance:.1f} ms)")
+
+
+def span(summary, scale=1e3, digits=1):
+    """A timing.summary's p10-p90 (min-max below 10 samples) as text, e.g. "1.2 to 3.4" ms."""
+    return f"{scale * summary['p10']:.{digits}f} to {scale * summary['p90']:.{digits}f}"
+
+
+def growth(first, last):
+    """How a time grew from timing.summary `first` to `last`: the medians' quotient, and in
+    brackets its range from the two spreads (last's p10 over first's p90 to p90 over p10)."""
+    return (f"x{last['median'] / first['median']:.2f} "
+            f"({last['p10'] / first['p90']:.2f}-{last['p90'] / first['p10']:.2f})")

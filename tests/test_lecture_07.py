@@ -10,6 +10,11 @@ wrong on purpose must fail it:
 - the reading's scheme (CS336: every layer column-split, its output all-gathered);
 - the right run against a model off by a factor of two in the bytes.
 
+Section 6's stand-in claim (`tp_bench.assert_added`): on device-like compute and a paced link, what
+the all-reduces add to a step at K = 4 equals two ring all-reduces on the link, alpha + 2(K-1)/K
+S/B each, within the lecture's tolerance; a link model without the ring's (K-1)/K (alpha + 2S/B,
+S/B = 39 ms a step more at K = 4) must fail it. The stand-ins sleep (no core), so it holds under load.
+
 The pieces are imported from notebooks/course/tensor_parallel.py, which is what the lecture shows
 (tests/test_saved.py).
 """
@@ -21,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course.tensor_parallel import (ParallelBlock, assert_traffic, f, megatron_traffic)
-from helpers import shape, tiny, trace
+from helpers import shape, standins, tiny, tp_bench, trace
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "07_tensor_parallel.ipynb"
@@ -91,6 +96,36 @@ def test_a_model_off_by_two_fails_it(runs):
     for rows, _ in runs["megatron"]:
         with pytest.raises(AssertionError):
             assert_traffic(rows, megatron_traffic(1, TOKENS, DIM, 16))
+
+
+# The lecture's stand-in (section 6): fc1's forward on one rank, the link, the tolerance per
+# all-reduce; a block of width 96, hidden 384, on 256 tokens of float32.
+LAYER_S, GBPS, ALPHA_S, TOLERANCE_S = 0.04, 0.0025, 1e-3, 4e-3
+S = 256 * 96 * 4
+
+
+def _standin(rank, K, steps):
+    blk = ParallelBlock(tiny.Block(96, 384).float(), rank, K)
+    blk.fc1, blk.fc2 = (standins.DeviceLike(m, LAYER_S / K) for m in (blk.fc1, blk.fc2))
+    x = torch.randn(256, 96, requires_grad=True)
+    return tp_bench.paced_steps(lambda: blk(x).sum().backward(), GBPS, ALPHA_S, steps)
+
+
+@pytest.fixture(scope="module")
+def added_at_4():
+    res = spawn(_standin, 4, args=(3,), backend="gloo")
+    return tp_bench.slowest(res, "paced", "no communication")["median"]
+
+
+def test_the_standin_step_meets_the_ring_model(added_at_4):
+    ring = ALPHA_S + 2 * 3 / 4 * S / (GBPS * 1e9)
+    tp_bench.assert_added(added_at_4, 2 * ring, 4, TOLERANCE_S)
+
+
+def test_a_link_model_without_the_rings_factor_fails_it(added_at_4):
+    no_factor = ALPHA_S + 2 * S / (GBPS * 1e9)
+    with pytest.raises(AssertionError):
+        tp_bench.assert_added(added_at_4, 2 * no_factor, 4, TOLERANCE_S)
 
 
 def test_the_lecture_has_the_shape():
