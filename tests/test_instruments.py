@@ -68,10 +68,16 @@ def test_the_tracer_changes_no_result():
 
 
 def _one_way(rank, k, nbytes, gbps, peers):
-    """Rank 0 receives one message from each of `peers` (a root's in-port), timed on rank 0."""
-    x = torch.ones(nbytes // 4)
-    dist.barrier()
+    """Rank 0 receives one message from each of `peers` (a root's in-port), timed on rank 0.
+    Rank 0 starts its clock and then tells the peers to go (not a barrier, whose ranks leave at
+    different times): every paced send starts after t0, so no message can arrive early."""
+    x, go = torch.ones(nbytes // 4), torch.zeros(1)
     t0 = time.perf_counter()
+    if rank == 0:
+        for dst in range(1, k):
+            dist.send(go, dst)
+    else:
+        dist.recv(go, 0)
     with standins.paced_link(gbps):
         if rank == 0:
             for src in range(1, peers + 1):
