@@ -3,11 +3,14 @@
     runs = spawn(pp_bench.timed_steps, p, args=(schedule, ms, work_ms, dim, hidden, depth, micro))
     ev = pp_bench.events_of(runs, m)        # [(stage, kind, i, start, end)] of step m, seconds
     hop = pp_bench.hop_of(runs)             # one-way latency of an activation, ping-pong, seconds
+    runs = spawn(pp_bench.rounds, p, args=(plans, m, n, dim, hidden, depth, micro))
+    ev = pp_bench.events_of(runs, (name, r))   # plan `name`'s round r, plans run in turn
     times = spawn(pp_bench.torch_step_times, p, args=(names, m, block_ms, dim, hidden))[0]
                                             # torch.distributed.pipelining's steps, seconds
 
 It wraps the lecture's plain engine (course.pipeline_parallel.run_schedule) from outside: each
-action's extra work is `standins.device_compute`, which takes its time without a core (a host
+action's extra work is `standins.device_compute` (work_ms a forward and twice that a backward,
+or {kind: ms} for every kind of action: "F", "B", "W"), which takes its time without a core (a host
 sleep on the CPU, a kernel spinning on the stream on a GPU), so p stages overlap even on 2 cores.
 The hop latency is measured apart, before and after the steps: rank 0 and rank 1 bounce an
 activation-sized tensor through `batch_isend_irecv` (the engine's path); the hop is half the
@@ -42,32 +45,61 @@ def _hop(rank, shape, dev, rounds=20):
     return min(trips[2:]) / 2 if rank == 0 else None
 
 
+def _setup(rank, p, work_ms, dim, hidden, depth):
+    """This rank's stage and its work(kind): work_ms (a forward; a backward twice) or
+    {kind: ms}."""
+    from course.pipeline_parallel import stage_module
+    dev = device()
+    stage = stage_module(tiny.model(dim, hidden, depth, seed=0), rank, p).to(dev)
+    ms = work_ms if isinstance(work_ms, dict) else {"F": work_ms, "B": 2 * work_ms}
+
+    def work(kind):
+        standins.device_compute(ms[kind] / 1e3, dev)
+    return stage, work, dev
+
+
+def _step(stage, schedule, m, work, rank, p, dim, micro, dev):
+    """(timeline, peak micro-batches, peak bytes) of one step of m micro-batches."""
+    from course.pipeline_parallel import run_schedule
+    x, y = tiny.batch(m * micro, dim, seed=1, device=dev)
+    dist.barrier()
+    timeline, peak, peak_bytes, _ = run_schedule(
+        stage, schedule(p, m, rank), x.chunk(m), y.chunk(m), rank, p, work)
+    stage.zero_grad()
+    return timeline, peak, peak_bytes
+
+
 def timed_steps(rank, p, schedule, ms, work_ms, dim, hidden, depth, micro):
     """{m: (timeline, peak micro-batches, peak bytes)} for each m in ms, and {"hop": seconds}
     (rank 0's; None elsewhere)."""
-    from course.pipeline_parallel import run_schedule, stage_module
-    dev = device()
-    stage = stage_module(tiny.model(dim, hidden, depth, seed=0), rank, p).to(dev)
-
-    def work(kind):                                # a backward does twice a forward's work
-        standins.device_compute(work_ms * (2 if kind == "B" else 1) / 1e3, dev)
-
+    stage, work, dev = _setup(rank, p, work_ms, dim, hidden, depth)
     hops = [_hop(rank, (micro, dim), dev)]
     out = {}
     for m in [ms[0]] + list(ms):                   # the first run is a warm-up
-        x, y = tiny.batch(m * micro, dim, seed=1, device=dev)
-        dist.barrier()
-        timeline, peak, peak_bytes, _ = run_schedule(
-            stage, schedule(p, m, rank), x.chunk(m), y.chunk(m), rank, p, work)
-        stage.zero_grad()
-        out[m] = (timeline, peak, peak_bytes)
+        out[m] = _step(stage, schedule, m, work, rank, p, dim, micro, dev)
     hops.append(_hop(rank, (micro, dim), dev))     # before and after: the fastest
     out["hop"] = min(hops) if rank == 0 else None
     return out
 
 
+def rounds(rank, p, plans, m, n, dim, hidden, depth, micro):
+    """{(name, r): (timeline, peak micro-batches, peak bytes)} of n rounds in which every plan
+    {name: (schedule, work_ms)} runs one step of m micro-batches in turn (so load falls on all
+    alike), after a warm-up round; and {"hop": seconds} as timed_steps."""
+    runs = {name: _setup(rank, p, work_ms, dim, hidden, depth) + (schedule,)
+            for name, (schedule, work_ms) in plans.items()}
+    dev = next(iter(runs.values()))[2]
+    hops, out = [_hop(rank, (micro, dim), dev)], {}
+    for r in [0] + list(range(n)):                 # the first round is a warm-up
+        for name, (stage, work, _, schedule) in runs.items():
+            out[name, r] = _step(stage, schedule, m, work, rank, p, dim, micro, dev)
+    hops.append(_hop(rank, (micro, dim), dev))
+    out["hop"] = min(hops) if rank == 0 else None
+    return out
+
+
 def events_of(per_rank, m):
-    """All ranks' timelines of step m as [(stage, kind, i, start, end)]."""
+    """All ranks' timelines of step m (or rounds' key (name, r)) as [(stage, kind, i, start, end)]."""
     return [(s, kind, i, t0, t1) for s, res in enumerate(per_rank)
             for kind, i, t0, t1 in res[m][0]]
 

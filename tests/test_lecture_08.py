@@ -9,14 +9,22 @@ through every stage, forward and back, before the next starts: p m (t_f + t_b)) 
 the 1F1B prediction from its own action times must fail it (about pm/(m+p-1) = 2.3 times longer
 for p = m = 4). The stand-ins take their time without a core, so the timings hold on a loaded
 machine; the timed test takes a few seconds.
+
+The same claim for ZB-H1 (the Optional section: the backward split into B and W, F = B = W of
+device-like work), with its negative control: the same split run with each W right after its B
+(1F1B's order, W not deferred: m(F+B+W) + (p-1)(F+B), 1.2 times ZB-H1's m(F+B+W) + (p-1)(F+B-W)
+for p = m = 4, F = B = W) must fail the ZB-H1 prediction.
 """
 from pathlib import Path
 
 import pytest
 
+import torch
+
 from course.pipeline_parallel import (assert_step_predicted, bubble, gpipe, one_f_one_b,
-                                      predicted_step, simulate, step_time)
-from helpers import pp_bench, shape
+                                      predicted_step, run_schedule, simulate, stage_module,
+                                      step_time, zb_h1)
+from helpers import pp_bench, shape, tiny
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "08_pipeline_parallel.ipynb"
@@ -28,11 +36,21 @@ def one_at_a_time(p, m, stage):
     return [a for i in range(m) for a in (("F", i), ("B", i))]
 
 
+def w_at_once(p, m, stage):
+    """The backward split into B and W, but each W right after its B: 1F1B's order."""
+    return [a for k, i in one_f_one_b(p, m, stage) for a in [(k, i)] + [("W", i)] * (k == "B")]
+
+
+SPLIT = {"F": WORK_MS, "B": WORK_MS, "W": WORK_MS}    # a backward's work in two halves
+
+
 @pytest.fixture(scope="module")
 def timed():
+    plans = (("1F1B", one_f_one_b, WORK_MS), ("serial", one_at_a_time, WORK_MS),
+             ("ZB-H1", zb_h1, SPLIT), ("W at once", w_at_once, SPLIT))
     return {name: spawn(pp_bench.timed_steps, P, backend="gloo", timeout=120,
-                        args=(schedule, [M], WORK_MS, 16, 32, P, 2))
-            for name, schedule in (("1F1B", one_f_one_b), ("serial", one_at_a_time))}
+                        args=(schedule, [M], work, 16, 32, P, 2))
+            for name, schedule, work in plans}
 
 
 def test_the_measured_step_is_predicted_and_a_serialised_one_is_not(timed):
@@ -68,3 +86,42 @@ def test_the_lecture_has_the_shape():
     assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
     assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
     assert got["wordy prints"] == 0 and got["chosen texts"] == 0
+
+
+def test_zb_h1_step_is_predicted_and_one_with_w_not_deferred_is_not(timed):
+    ev = pp_bench.events_of(timed["ZB-H1"], M)
+    assert {e[1] for e in ev} == {"F", "B", "W"}
+    assert_step_predicted(step_time(ev), predicted_step(zb_h1, P, M, ev,
+                                                        pp_bench.hop_of(timed["ZB-H1"])))
+    assert [res[M][1] for res in timed["ZB-H1"]] == [P] * P     # held until W
+    ev = pp_bench.events_of(timed["W at once"], M)
+    hop = pp_bench.hop_of(timed["W at once"])
+    assert_step_predicted(step_time(ev), predicted_step(w_at_once, P, M, ev, hop))
+    with pytest.raises(AssertionError):
+        assert_step_predicted(step_time(ev), predicted_step(zb_h1, P, M, ev, hop))
+
+
+def _zb_grads(rank, p, m):
+    stage = stage_module(tiny.model(8, 16, p, seed=0), rank, p)
+    x, y = tiny.batch(4 * m, 8, seed=1)
+    run_schedule(stage, zb_h1(p, m, rank), x.chunk(m), y.chunk(m), rank, p)
+    return [q.grad for q in stage.parameters()]
+
+
+def test_zb_h1_gives_the_single_process_gradients():
+    model = tiny.model(8, 16, 3, seed=0)
+    x, y = tiny.batch(4 * 5, 8, seed=1)
+    tiny.loss(model(x), y).backward()
+    got = [g for r in spawn(_zb_grads, 3, args=(5,), backend="gloo", timeout=60) for g in r]
+    torch.testing.assert_close(got, [q.grad for q in model.parameters()], rtol=1e-12,
+                               atol=1e-14)
+
+
+def test_zb_h1_simulated_meets_its_formula():
+    for p in (2, 3, 4, 8):
+        for m in (p, 2 * p + 1, 4 * p):
+            F, B, W = 1.0, 1.5, 0.5
+            ev = simulate(zb_h1, p, m, lambda s, kind: {"F": F, "B": B, "W": W}[kind])
+            assert step_time(ev) == pytest.approx(m * (F + B + W) + (p - 1) * (F + B - W))
+            serial = simulate(w_at_once, p, m, lambda s, kind: {"F": F, "B": B, "W": W}[kind])
+            assert step_time(serial) == pytest.approx(m * (F + B + W) + (p - 1) * (F + B))

@@ -31,26 +31,20 @@ SCHEDULES = {"GPipe": gpipe, "1F1B": one_f_one_b}
 
 
 def count_saved(sizes, params):
-    """A saved_tensors_hooks pack hook: each tensor autograd saves, parameters aside, in
-    sizes {(address, numel): bytes}."""
+    """Pack hook: sizes[(address, numel)] = bytes of a saved tensor, parameters out."""
     def pack(t):
         if t.data_ptr() not in params:
             sizes[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
         return t
     return pack
 
-
-def as_is(t):
-    """The unpack hook: the tensor as saved."""
-    return t
-
 def run_schedule(stage, actions, xs, ys, rank, p, work=None):
-    """One step of this stage: `actions` in order on micro-batches xs, ys; work(kind)
-    after each. Returns [(kind, i, start, end)] (seconds), the most micro-batches and
-    bytes held at once, and the loss."""
+    """One step of this stage: `actions` in order on micro-batches xs, ys, work(kind)
+    after each; a ("W", i) splits i's backward in two (Optional). Returns [(kind, i,
+    start, end)] (seconds), the most micro-batches and bytes held at once, the loss."""
     m, first, last = len(xs), rank == 0, rank == p - 1
     params = {q.data_ptr() for q in stage.parameters()}
-    held, saved, pending, in_flight = {}, {}, [], []
+    held, saved, grads, pending, in_flight = {}, {}, {}, [], []
     clock, peak, peak_bytes, loss = timing.Clock(xs[0].device), 0, 0, 0.0
 
     def exchange(recv=None):    # the pending sends and this receive, as one group
@@ -63,15 +57,15 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
 
     clock.now("step start")
     for n, (kind, i) in enumerate(actions):
-        source = rank - 1 if kind == "F" else rank + 1
-        edge = first if kind == "F" else last
+        edge = first if kind == "F" else last if kind == "B" else True   # W: no input
         buf = torch.empty_like(xs[i] if kind == "F" else held[i][1])
+        source = rank - 1 if kind == "F" else rank + 1
         exchange(None if edge else dist.P2POp(dist.irecv, buf, source))
         clock.now((n, "start"))
         if kind == "F":
             inp = xs[i] if first else buf.requires_grad_()
             sizes = {}
-            hooks = count_saved(sizes, params), as_is
+            hooks = count_saved(sizes, params), lambda t: t     # unpack: as saved
             with torch.autograd.graph.saved_tensors_hooks(*hooks):
                 out = stage(inp)
                 if last:
@@ -83,22 +77,24 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
                 loss = loss + out.detach()
             else:
                 pending.append(dist.P2POp(dist.isend, out.detach(), rank + 1))
-        else:
+        elif kind == "B":
+            inp, out = held[i]
+            grads[i] = torch.ones_like(out) if last else buf
+            if not first:           # the input's gradient; the graph kept for W
+                g, = torch.autograd.grad(out, inp, grads[i], retain_graph=True)
+                pending.append(dist.P2POp(dist.isend, g, rank - 1))
+        if kind == "W" or kind == "B" and ("W", i) not in actions:   # the weights'
             inp, out = held.pop(i)
-            out.backward(torch.ones_like(out) if last else buf)
+            torch.autograd.backward(out, grads.pop(i), inputs=list(stage.parameters()))
             saved.pop(i)                                # autograd freed it
-            if not first:
-                pending.append(dist.P2POp(dist.isend, inp.grad, rank - 1))
         if work:
             work(kind)
         clock.now((n, "end"))
     exchange()
-    for works, _ in in_flight:
-        for w in works:
-            w.wait()
-    t = clock.read()
-    t0 = t["step start"]
-    timeline = [(kind, i, t[n, "start"] - t0, t[n, "end"] - t0)
+    for w in [w for works, _ in in_flight for w in works]:
+        w.wait()
+    t = clock.read()                    # seconds since "step start"
+    timeline = [(kind, i, t[n, "start"], t[n, "end"])
                 for n, (kind, i) in enumerate(actions)]
     return timeline, peak, peak_bytes, float(loss)
 
@@ -141,12 +137,11 @@ def bubble(events, p):
     return 1 - sum(e[4] - e[3] for e in events) / (p * step_time(events))
 
 def predicted_step(schedule, p, m, events, hop):
-    """The step `schedule` takes with the measured mean time of each stage's forwards
-    and backwards in `events`, each input arriving `hop` after the action that made
-    it."""
+    """The step `schedule` takes with the measured mean time of each stage's F, B (and
+    W) actions in `events`, each input arriving `hop` after the action that made it."""
     times = {(s, k): [e[4] - e[3] for e in events if e[0] == s and e[1] == k]
-             for s in range(p) for k in "FB"}
-    mean = {key: sum(t) / len(t) for key, t in times.items()}
+             for s in range(p) for k in "FBW"}
+    mean = {key: sum(t) / len(t) for key, t in times.items() if t}
     return step_time(simulate(schedule, p, m, lambda s, k: mean[s, k], hop))
 
 
@@ -154,3 +149,12 @@ def assert_step_predicted(step, predicted, rel=0.15):
     """A measured step is the predicted one within `rel` of it (Python between actions
     and wake-ups, which the model leaves out)."""
     assert abs(step - predicted) <= rel * predicted, (step, predicted)
+
+def zb_h1(p, m, stage):
+    """ZB-H1: 1F1B with each backward split into B then W, W lagging s micro-batches."""
+    warmup = min(p - stage - 1, m)
+    acts = [("F", i) for i in range(warmup)]
+    for b in range(m):
+        acts += [("F", b + warmup)] if b + warmup < m else []
+        acts += [("B", b)] + ([("W", b - stage)] if b >= stage else [])
+    return acts + [("W", i) for i in range(max(m - stage, 0), m)]
