@@ -1,0 +1,128 @@
+"""Lecture 09 (profiling and debugging): its shape, its key measured claim with a negative control,
+and the instruments it uses (the monitor with py-spy, DETAIL's cost, the parsers of errors).
+
+The claim (notebooks/09_profiling_debugging.ipynb, section 2): the exposed communication read off
+the profiler's trace (the "wait for gradients" range of the rank that left backward last) is lecture
+05's overlap model for the run's bucket plan, within 5 ms (`profile_bench.assert_exposed_predicted`).
+The negative control: a run with one bucket (every all-reduce after backward, 41.7 ms exposed)
+held to the model of four 1 MiB buckets (16.4 ms exposed) must fail it. The stand-ins take their
+time without a core, so the timings hold on a loaded machine; the timed test takes a few seconds.
+"""
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course.profiling_debugging import RANGES, train_step
+from helpers import debug_bench, profile_bench, shape, watch_bench
+from helpers.spawn import SpawnTimeout, spawn
+
+LECTURE = Path(shape.NOTEBOOKS) / "09_profiling_debugging.ipynb"
+MODEL = dict(dim=128, hidden=512, depth=4)
+LINK = (0.0125, 0.125, 0.008)          # lecture 05's stand-ins: layer s, GB/s, alpha s
+TOLERANCE_S = 0.005
+K = 2
+
+
+@pytest.fixture(autouse=True)
+def quiet_profiler(monkeypatch):
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "6")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("traces"))
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    out = {}
+    for cap in (1, 4):
+        per_rank = spawn(profile_bench.profiled_steps, K, backend="gloo", timeout=120,
+                         args=(train_step, MODEL, cap, *LINK, 5, folder))
+        model = profile_bench.modelled_exposed(per_rank[0]["plan"], MODEL["depth"], *LINK, K)
+        out[cap] = per_rank, profile_bench.steps_of(per_rank), model
+    return out
+
+
+def test_the_exposed_communication_is_predicted_and_a_serialised_run_is_not(runs):
+    for cap, (_, steps, model) in runs.items():
+        assert len(steps) == 5 and all(tuple(r) == RANGES for s in steps for r in s)
+        profile_bench.assert_exposed_predicted(profile_bench.exposed(steps), model, TOLERANCE_S)
+    one_bucket = profile_bench.exposed(runs[4][1])
+    with pytest.raises(AssertionError):
+        profile_bench.assert_exposed_predicted(one_bucket, runs[1][2], TOLERANCE_S)
+
+
+def test_the_models_are_the_lectures_numbers(runs):
+    """Four 1 MiB buckets: only the last one's alpha + n/B (K = 2) is exposed, 16.4 ms; one
+    bucket: all of it, 41.7 ms (the numbers the lecture's text gives)."""
+    four, one = runs[1][0][0]["plan"], runs[4][0][0]["plan"]
+    assert len(four) == 4 and len(one) == 1
+    assert runs[1][2] == pytest.approx(0.008 + four[-1][1] / 0.125e9, rel=1e-9)
+    assert runs[4][2] == pytest.approx(0.008 + one[0][1] / 0.125e9, rel=1e-9)
+    assert round(runs[1][2] * 1e3, 1) == 16.4 and round(runs[4][2] * 1e3, 1) == 41.7
+
+
+def _sync_gradients(grad, group):
+    dist.all_reduce(grad, group=group)
+    return grad.sum().item()
+
+
+def _skips(rank, world_size):
+    group = dist.new_group(timeout=timedelta(minutes=5))
+    if rank == world_size - 1:
+        return None
+    return _sync_gradients(torch.ones(4), group)
+
+
+def test_the_monitor_reads_a_hung_rank_with_py_spy():
+    with watch_bench.Monitor(K, dump_at_s=1.0) as mon:
+        with pytest.raises(SpawnTimeout) as hang:
+            spawn(mon.wrap(_skips), K, backend="gloo", timeout=2.5)
+    assert hang.value.ranks == [0] and mon.dumps.get(1) is None
+    assert mon.dumps[0][0].startswith("all_reduce") and any(
+        f.startswith("_sync_gradients (test_lecture_09.py:") for f in mon.dumps[0])
+    stuck = [s["cpu %"] for s in mon.samples if s["rank"] == 0][1:]
+    assert stuck and sorted(stuck)[len(stuck) // 2] < 10
+    short = watch_bench.short_paths(str(hang.value))
+    assert "/" not in "".join(line for line in short.splitlines() if "File " in line)
+
+
+def test_detail_is_four_more_calls_per_collective_on_rank_0():
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    cost = spawn(debug_bench.detail_cost, 3, backend="gloo", args=(4096, 3, 2))
+    assert cost[0]["calls"]["off"] == {"gloo:all_reduce": 1}
+    assert cost[0]["calls"]["DETAIL"] == {"gloo:all_gather": 2, "gloo:all_reduce": 1,
+                                          "gloo:recv": 2, "gloo:send": 2}
+    assert cost[1]["calls"]["DETAIL"]["gloo:send"] == 1
+    assert len(cost[0]["off"]) == len(cost[0]["DETAIL"]) == 2
+
+
+def test_the_error_parsers():
+    detail = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+              "CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], "
+              "TensorDtypes=Float), but Rank 1 is running collective: CollectiveFingerPrint("
+              "SequenceNumber=0, OpType=BROADCAST, TensorShape=[4], TensorDtypes=Float).")
+    assert debug_bench.fingerprints(detail) == [(0, ("all_reduce", 4)), (1, ("broadcast", 4))]
+    assert debug_bench.failed_barrier("[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier") == [1, 3]
+    assert debug_bench.failed_barrier("Timed out waiting 2000ms for recv") == []
+    assert not debug_bench.names_a_call("Timed out waiting 2000ms for recv operation to complete")
+    assert debug_bench.names_a_call(detail)
+    assert debug_bench.first_line("[../gloo/pair.cc:12] Timed out\nmore") == "Timed out"
+
+
+def test_rank_env_restores_the_environment():
+    before = dict(os.environ)
+    with pytest.raises(RuntimeError):
+        with debug_bench.rank_env(TORCH_DISTRIBUTED_DEBUG="DETAIL"):
+            assert os.environ["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+            raise RuntimeError
+    assert dict(os.environ) == before
+
+
+def test_the_lecture_has_the_shape():
+    got = shape.shape(LECTURE)
+    assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
+    assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
+    assert got["wordy prints"] == 0 and got["chosen texts"] == 0
