@@ -47,9 +47,9 @@ def data_parallel_step(model, x, y, k, lr):
     model.zero_grad()
     xs, replicas = scatter(x, k), replicate(model, k)
     outs = parallel_apply([lambda r=r, xi=xi: r(xi) for r, xi in zip(replicas, xs)])
-    out = gather(outs).requires_grad_()
-    tiny.loss(out, y).backward()                       # on device 0, the whole batch
-    grads = scatter(out.grad, k)                       # d loss / d out_i to device i
+    out = gather(outs).requires_grad_()   # a new leaf: the graph is cut here on purpose
+    tiny.loss(out, y).backward()          # on device 0, the whole batch: fills out.grad
+    grads = scatter(out.grad, k)          # d loss/d out_i to device i (Gather backward)
     parallel_apply([lambda o=o, g=g: o.backward(g) for o, g in zip(outs, grads)])
     reduce_gradients(replicas)
     sgd_update(model, lr)
