@@ -1,4 +1,4 @@
-"""Goal of lecture 12: the planner's predicted step time of the 3D-parallel tiny GPT (notebooks/nd3d.py)
+"""Goal of lecture 13: the planner's predicted step time of the 3D-parallel tiny GPT (notebooks/nd3d.py)
 against the measured one, median relative error over the configurations run here <= 25 %.
 
     .venv/bin/python bench/planner.py [--world-size 2] [--rounds 3] [--steps 8] [--dim 64 --seq 32 --batch 16]

@@ -1,4 +1,4 @@
-"""A planner for N-D parallel training (lecture 12): memory per GPU and step time of every (dp, tp, pp)
+"""A planner for N-D parallel training (lecture 13): memory per GPU and step time of every (dp, tp, pp)
 layout, ZeRO stage, micro-batch size and recomputation, from the lectures' formulas only.
 
     from helpers import planner

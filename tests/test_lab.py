@@ -19,7 +19,7 @@ The lectures that run here are those with outputs Lab draws itself, where paperm
 them: every lecture with ipywidgets (an interact, the planner's controls: each is its own code, and
 its slider is moved), and, if those do not already show them, one lecture with a progress line
 (helpers.progress, which helpers.bench's sweep uses: a display updated in place) and one with a
-display update. Today that is 02, 08 and 12. Every lecture runs headless in
+display update. Today that is 02, 08 and 13. Every lecture runs headless in
 tests/test_notebooks.py, and for the others Lab's kernel, streams and figures work as they do here;
 running more of them twice would put `make test` past its 10 minutes (issue 20).
 `make test LAB=all` (the environment variable) runs every lecture here.

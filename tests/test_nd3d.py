@@ -1,4 +1,4 @@
-"""notebooks/nd3d.py, lecture 12's 3D-parallel program: equal to the single process on a few meshes,
+"""notebooks/nd3d.py, lecture 13's 3D-parallel program: equal to the single process on a few meshes,
 its communication counted as the formulas say, and the torchrun program run on 8 CPU ranks.
 
 ND3D_PATH points at another copy of nd3d.py (default: <repo>/notebooks/nd3d.py)."""

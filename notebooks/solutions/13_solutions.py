@@ -1,39 +1,29 @@
-"""Reference solutions for the exercises of lecture 13 (the frameworks around DDP)."""
+"""Reference solutions for the exercises of lecture 13 (N-D parallelism on a device mesh, and a planner)."""
 
 
-def device0_bytes(P, X, O, k):
-    """(bytes device 0 sends, bytes it receives) in one DataParallel step."""
-    sends = (k - 1) * P + (k - 1) * (X + O) // k       # replicas, input and output-gradient chunks
-    receives = (k - 1) * P + (k - 1) * O // k          # gradient copies, output chunks
-    return sends, receives
+def mesh_layer_bytes(b, s, h, P, dp, tp, elem=2):
+    shard = P // tp * elem                        # this tp rank's slice of the layer, FSDP-sharded over dp
+    dp_bytes = 3 * (dp - 1) * shard / dp          # all-gather forward, all-gather backward, reduce-scatter
+    act = b // dp * s * h * elem                  # the activation of one replica's b/dp sequences
+    tp_bytes = 4 * 2 * (tp - 1) * act / tp        # 2 all-reduces forward, 2 backward
+    return dp_bytes, tp_bytes
 
 
-def chunk_rows(n, k):
-    """Rows per chunk of torch.chunk(t, k) for a t of n rows."""
-    size = -(-n // k)                                  # ceil(n / k)
-    return [min(size, n - start) for start in range(0, n, size)]
+def mesh_peers(dp, tp, pp, rank):
+    """A rank's group along each dimension of the row-major (pp, dp, tp) mesh: vary one coordinate."""
+    ip, rest = divmod(rank, dp * tp)   # rank = (ip * dp + idp) * tp + it
+    idp, it = divmod(rest, tp)
+    at = lambda p, d, t: (p * dp + d) * tp + t   # noqa: E731
+    return {"tp": [at(ip, idp, j) for j in range(tp)],
+            "dp": [at(ip, j, it) for j in range(dp)],
+            "pp": [at(j, idp, it) for j in range(pp)]}
 
 
-def choose_strategy(n_params, gpu_bytes, n_gpus):
-    """Lightning's strategy= for this model on n_gpus GPUs of gpu_bytes each, or None."""
-    states = 16 * n_params                             # lecture 06: 2 + 2 + 12 bytes per parameter
-    if states <= gpu_bytes:
-        return "ddp"                                   # a whole replica fits: data parallel
-    if states / n_gpus <= gpu_bytes:
-        return "fsdp"                                  # fits once sharded over every GPU (ZeRO-3)
-    return None
-
-
-def parallel_apply_keeping_grad_mode(fns):
-    """parallel_apply(fns), each thread in the caller's grad mode."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    grad = torch.is_grad_enabled()                     # the caller's, read on the caller's thread
-
-    def run(fn):
-        with torch.set_grad_enabled(grad):             # set in the worker thread, as torch's _worker
-            return fn()
-    with ThreadPoolExecutor(len(fns)) as pool:
-        return list(pool.map(run, fns))
+def memory_per_gpu(P, L, h, a, s, V, B, b, dp, tp, pp, zero):
+    """Exercise 3: bytes per GPU of the first stage, bf16 + Adam, ZeRO `zero`, no recomputation, SP on."""
+    local = (P - V * h) / (tp * pp) + V * h / tp               # its layers' share + the word embedding
+    states = (2 / (dp if zero >= 3 else 1) + 2 / (dp if zero >= 2 else 1) + 12 / (dp if zero >= 1 else 1)) * local
+    m = B // (dp * b)
+    acts = (L // pp) * min(pp, m) * s * b * h * (34 + 5 * a * s / h) / tp
+    working = 2 * 2 * 2 * 12 * h * h / tp if zero >= 3 else 0.0
+    return states + acts + working

@@ -1,7 +1,7 @@
-"""Lecture 13 (the frameworks around DDP): its shape, its key claim with negative controls, and the
+"""Lecture 14 (the frameworks around DDP): its shape, its key claim with negative controls, and the
 written-out DataParallel checked against one process.
 
-The claim (notebooks/13_frameworks.ipynb, section 2): one step of the written-out nn.DataParallel
+The claim (notebooks/14_frameworks.ipynb, section 2): one step of the written-out nn.DataParallel
 over K devices makes exactly the copies of helpers.frameworks_bench.copies_model (scatter
 (K-1)/K (X + O), replicate (K-1) P, gather (K-1)/K O, reduce_gradients (K-1) P), counted by
 wrapping the step (`frameworks_bench.copies`) and asserted by `assert_copies_per_step`. It is a
@@ -26,7 +26,7 @@ from course.ddp import global_batches, sgd_update
 from helpers import frameworks_bench, shape, tiny
 from helpers.spawn import spawn
 
-LECTURE = Path(shape.NOTEBOOKS) / "13_frameworks.ipynb"
+LECTURE = Path(shape.NOTEBOOKS) / "14_frameworks.ipynb"
 MODEL = dict(dim=16, hidden=32, depth=3)      # the lecture's CHECK_MODEL
 PHASES = ("scatter", "replicate", "gather", "reduce_gradients")
 
@@ -125,7 +125,7 @@ def test_torch_ddp_launches_all_reduces_during_backward_and_one_bucket_does_not(
 
 
 def test_exercise_4_the_lecture_drops_grad_mode_and_the_solution_keeps_it():
-    solution = importlib.import_module("solutions.13_solutions").parallel_apply_keeping_grad_mode
+    solution = importlib.import_module("solutions.14_solutions").parallel_apply_keeping_grad_mode
     probe = [torch.is_grad_enabled] * 3
     with torch.no_grad():
         assert fw.parallel_apply(probe) == [True] * 3         # a new thread starts with grad on
