@@ -1,0 +1,77 @@
+"""Measuring machinery of lecture 10's compressed gradients: DDP trained once per communication hook,
+with the bytes each rank hands to all_reduce counted per step.
+
+    runs = spawn(precision_bench.train_with_hooks, K, args=(hooks, steps, lr, model_kw, rows))
+    runs[rank][name]: {"losses", "bytes", "calls", "dtypes", "params", "grad norms"}
+
+`hooks[name]` is a function returning (state, hook) for `DistributedDataParallel.register_comm_hook`
+(None: DDP's own all-reduce). Every run starts from `tiny.model(**model_kw, seed=0)` in float32 and
+does full-batch SGD on its shard of `tiny.batch(rows)` (rank r takes rows r, r + K, ...).
+
+The bytes are counted where the hooks hand them over: `dist.all_reduce` (and `dist.all_gather`) are
+replaced, on each rank and for the run only, by functions that log (dtype, bytes) and call the
+originals. The hooks look the function up in `torch.distributed` at every call, so this sees the
+all-reduces PowerSGD issues from its futures' callbacks too, whatever thread runs them (the
+dispatch-mode tracer of helpers.trace is thread-local and would miss those).
+"""
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers import tiny
+from helpers.spawn import device
+
+
+@contextlib.contextmanager
+def counting_collectives(log):
+    """Inside: dist.all_reduce and dist.all_gather also append (dtype, bytes sent) to log."""
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather")}
+
+    def counted(name):
+        def send(*args, **kwargs):
+            tensor = args[0] if name == "all_reduce" else args[1]   # all_gather(outs, input)
+            log.append((tensor.dtype, tensor.numel() * tensor.element_size()))
+            return originals[name](*args, **kwargs)
+        return send
+
+    for name in originals:
+        setattr(dist, name, counted(name))
+    try:
+        yield
+    finally:
+        for name, f in originals.items():
+            setattr(dist, name, f)
+
+
+def train_with_hooks(rank, world_size, hooks, steps, lr, model_kw, rows):
+    """The same float32 training once per hook: losses, bytes and calls per step, parameters."""
+    dev = device()
+    x, y = tiny.batch(rows, model_kw["dim"], seed=1, dtype=torch.float32, device=dev)
+    x, y = x[rank::world_size], y[rank::world_size]
+    out = {}
+    for name, make in hooks.items():
+        model = tiny.model(**model_kw, seed=0, dtype=torch.float32, device=dev)
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        if make is not None:
+            ddp.register_comm_hook(*make())
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        log, losses, sent, calls, norms = [], [], [], [], []
+        with counting_collectives(log):
+            for _ in range(steps):
+                before = len(log)
+                opt.zero_grad()
+                loss = tiny.loss(ddp(x), y)
+                loss.backward()                   # returns once every hook's future is done
+                norms.append(math.sqrt(sum(p.grad.double().pow(2).sum().item()
+                                           for p in model.parameters())))
+                opt.step()
+                losses.append(loss.item())
+                sent.append(sum(b for _, b in log[before:]))
+                calls.append(len(log) - before)
+        out[name] = {"losses": losses, "bytes": sent, "calls": calls,
+                     "dtypes": sorted({str(d).replace("torch.", "") for d, _ in log}),
+                     "params": [p.detach().cpu() for p in model.parameters()], "grad norms": norms}
+    return out
