@@ -224,7 +224,7 @@ class _Launch:
         lines.append("A rank that skips a collective, or a send without its matching recv, hangs "
                      "like this; all ranks have been ended.")
         err = SpawnTimeout("\n".join(lines))
-        err.ranks = stuck
+        err.ranks, err.stacks = stuck, found  # stacks: {rank: frames oldest first, or None}
         return err
 
     def end(self, succeeded=False):

@@ -9,6 +9,7 @@ held to the model of four 1 MiB buckets (16.4 ms exposed) must fail it. The stan
 time without a core, so the timings hold on a loaded machine; the timed test takes a few seconds.
 """
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,24 +70,73 @@ def _sync_gradients(grad, group):
     return grad.sum().item()
 
 
-def _skips(rank, world_size):
+def _load_batch():
+    time.sleep(600)
+
+
+def _stuck_elsewhere(rank, world_size):
     group = dist.new_group(timeout=timedelta(minutes=5))
     if rank == world_size - 1:
-        return None
+        _load_batch()
     return _sync_gradients(torch.ones(4), group)
 
 
-def test_the_monitor_reads_a_hung_rank_with_py_spy():
-    with watch_bench.Monitor(K, dump_at_s=1.0) as mon:
+def _hang(program=None):
+    with watch_bench.Monitor(K, dump_at_s=1.0, program=program) as mon:
         with pytest.raises(SpawnTimeout) as hang:
-            spawn(mon.wrap(_skips), K, backend="gloo", timeout=2.5)
-    assert hang.value.ranks == [0] and mon.dumps.get(1) is None
-    assert mon.dumps[0][0].startswith("all_reduce") and any(
-        f.startswith("_sync_gradients (test_lecture_09.py:") for f in mon.dumps[0])
+            spawn(mon.wrap(_stuck_elsewhere), K, backend="gloo", timeout=2.5)
+    return mon, hang.value, watch_bench.stacks(mon, hang.value, K)
+
+
+def _assert_the_culprit_is_told_apart(where):
+    assert where[0]["frames"][0].startswith("all_reduce") and any(
+        f.startswith("_sync_gradients (test_lecture_09.py:") for f in where[0]["frames"])
+    assert where[1]["frames"][0].startswith("_load_batch (test_lecture_09.py:")
+    assert not any(f.startswith("_sync_gradients") for f in where[1]["frames"])
+
+
+def test_the_monitor_reads_a_hung_rank_with_py_spy_or_falls_back():
+    """Where py-spy can attach, its stacks are asserted; where it cannot (no ptrace), the dump
+    says so and the launcher's faulthandler stacks are asserted instead: never a silent skip."""
+    mon, hang, where = _hang()
+    assert hang.ranks == [0, 1]
+    for r in range(K):
+        assert where[r]["faulthandler"] is not None
+        state, got = mon.dumps[r]
+        if state == "could not attach":
+            assert where[r]["source"] == "faulthandler" and got, got
+        else:
+            assert state == "stack" and where[r]["source"] == "py-spy"
+            assert where[r]["py-spy"][0] == where[r]["faulthandler"][0]
+    _assert_the_culprit_is_told_apart(where)
     stuck = [s["cpu %"] for s in mon.samples if s["rank"] == 0][1:]
     assert stuck and sorted(stuck)[len(stuck) // 2] < 10
-    short = watch_bench.short_paths(str(hang.value))
+    short = watch_bench.short_paths(str(hang))
     assert "/" not in "".join(line for line in short.splitlines() if "File " in line)
+
+
+@pytest.mark.parametrize("program", ["/bin/false", "/no/such/py-spy"])
+def test_a_py_spy_that_cannot_attach_is_reported_and_the_launcher_stacks_answer(program):
+    mon, hang, where = _hang(program)
+    assert all(mon.dumps[r][0] == "could not attach" for r in range(K)), mon.dumps
+    assert all(where[r]["source"] == "faulthandler" for r in range(K))
+    assert all(where[r]["py-spy"].startswith("(could not attach: ") for r in range(K))
+    _assert_the_culprit_is_told_apart(where)
+    assert len({s["t"] for s in mon.samples}) > 4          # the monitor went on sampling
+
+
+def test_a_rank_that_returned_is_not_reported_as_unreachable():
+    def returns_then_waits(rank, world_size):
+        if rank == 0:
+            time.sleep(600)
+    with watch_bench.Monitor(K, dump_at_s=1.0) as mon:
+        with pytest.raises(SpawnTimeout) as hang:
+            spawn(mon.wrap(returns_then_waits), K, backend="gloo", timeout=2.5)
+    where = watch_bench.stacks(mon, hang.value, K)
+    attached = mon.dumps[0][0] != "could not attach"      # ptrace allowed on this machine
+    assert hang.value.ranks == [0] and where[1]["py-spy"].startswith(
+        "(returned)" if attached else "(could not attach: ")
+    assert where[1]["faulthandler"] is None
 
 
 def test_detail_is_four_more_calls_per_collective_on_rank_0():
