@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Lectures whose issue asks for more than the default world size in CI.
 EXTRA_RUNS = {"01_collectives.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}],
-              "11_sequence_expert_parallel.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}]}
+              "11_sequence_context_parallel.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}],
+              "12_expert_parallel.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}]}
 CELL_TIMEOUT_S = 300  # a cell that hangs fails the run (and names itself) instead of stalling CI
 
 

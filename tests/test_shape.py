@@ -22,12 +22,11 @@ RULES = {  # rule: (what helpers.shape measures, the most it may be)
 }
 ALL = set(RULES)
 NOT_YET = {  # lecture: (issue, rules it does not meet yet)
-    "11_sequence_expert_parallel": ("30", ALL),
     "13_nd_parallelism": ("31", ALL),
 }
 # Names defined differently in several lectures of which at most one is rewritten: the rewritten one
 # owns the piece (#@save), and the issue that rewrites the others makes them import it.
-DRIFT_NOT_YET = {"CopyToTP", "ReduceFromTP", "attention", "head_rows"}
+DRIFT_NOT_YET = set()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

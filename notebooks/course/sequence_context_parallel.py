@@ -1,0 +1,98 @@
+"""Lecture 11's pieces that later lectures reuse, exactly as notebooks/11_sequence_context_parallel.ipynb shows them
+(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+import torch
+import torch.distributed as dist
+
+
+def contiguous(K):
+    return [[2 * r, 2 * r + 1] for r in range(K)]
+
+def zigzag(K):
+    return [[r, 2 * K - 1 - r] for r in range(K)]
+
+def merge(out1, lse1, out2, lse2):
+    """Two partial results over disjoint keys -> the result over all of them."""
+    lse = torch.logaddexp(lse1, lse2)
+    return torch.exp(lse1 - lse) * out1 + torch.exp(lse2 - lse) * out2, lse
+
+def scores(q, k, i, j):
+    """Scores of query chunk i against key chunk j (j <= i); the diagonal masked."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if i == j:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    return s
+
+def ring_pass(x):
+    """Post: send x to the next rank, receive the previous one's -> (buffer, works)."""
+    rank, K = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(x)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % K),
+                                    dist.P2POp(dist.irecv, got, (rank - 1) % K)])
+    return got, works
+
+def ring_forward(q, k, v, chunks):
+    """q, k, v: (b, heads, 2n, d), this rank's two chunks; chunks: each rank's ids."""
+    rank, K = dist.get_rank(), dist.get_world_size()
+    qs = q.chunk(2, dim=-2)
+    out = [torch.zeros_like(x) for x in qs]
+    lse = [torch.full_like(x[..., :1], float("-inf")) for x in qs]
+    kv = torch.stack([k, v])                 # keys and values travel together
+    for t in range(K):
+        if t < K - 1:
+            arriving, works = ring_pass(kv)  # the next block, in flight meanwhile
+        ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+        for a, i in enumerate(chunks[rank]):
+            for b, j in enumerate(chunks[(rank - t) % K]):
+                if j <= i:
+                    sc = scores(qs[a], ks[b], i, j)
+                    l = sc.logsumexp(dim=-1, keepdim=True)
+                    out[a], lse[a] = merge(out[a], lse[a], torch.exp(sc - l) @ vs[b], l)
+        if t < K - 1:
+            [w.wait() for w in works]
+            kv = arriving
+    return torch.cat(out, dim=-2), torch.cat(lse, dim=-2)
+
+def ring_backward(q, k, v, out, lse, dout, chunks):
+    rank, K = dist.get_rank(), dist.get_world_size()
+    delta = (dout * out).sum(dim=-1, keepdim=True)
+    qs, dos, ls, ds_ = (x.chunk(2, dim=-2) for x in (q, dout, lse, delta))
+    dq = torch.zeros_like(q)
+    kv = torch.stack([k, v])
+    dkv = torch.zeros_like(kv)
+    root = q.shape[-1] ** 0.5
+    for t in range(K):
+        if t < K - 1:
+            arriving, works = ring_pass(kv)
+        ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+        dks, dvs = dkv[0].chunk(2, dim=-2), dkv[1].chunk(2, dim=-2)
+        dqs = dq.chunk(2, dim=-2)
+        for a, i in enumerate(chunks[rank]):
+            for b, j in enumerate(chunks[(rank - t) % K]):
+                if j <= i:
+                    p = torch.exp(scores(qs[a], ks[b], i, j) - ls[a])
+                    dvs[b].add_(p.transpose(-2, -1) @ dos[a])
+                    ds = p * (dos[a] @ vs[b].transpose(-2, -1) - ds_[a])
+                    dqs[a].add_(ds @ ks[b] / root)
+                    dks[b].add_(ds.transpose(-2, -1) @ qs[a] / root)
+        if t < K - 1:
+            [w.wait() for w in works]
+            kv = arriving
+        dkv, works = ring_pass(dkv)          # dK, dV go on with their block
+        [w.wait() for w in works]
+    return dq, dkv[0], dkv[1]                # after K passes: this rank's own block's
+
+class RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, chunks):
+        out, lse = ring_forward(q, k, v, chunks)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.chunks = chunks
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return (*ring_backward(*ctx.saved_tensors, dout.contiguous(), ctx.chunks), None)
+
+ring_attention = RingAttention.apply

@@ -1,0 +1,101 @@
+"""Lecture 11 (sequence and context parallelism): its shape, and its key claim with negative controls.
+
+The claim (notebooks/11_sequence_context_parallel.ipynb, section 4): the matmul flops that
+FlopCounterMode counts around each rank's ring attention, forward and backward, causal, equal the
+layout's model: the chunk pairs (i, j), j <= i, its queries meet, times one pair's flops,
+14 b a n^2 d (`cp_bench.assert_work`, tolerance 0: both are counts, so it holds under load).
+Runs or models made wrong on purpose must fail it:
+- the contiguous layout's run against the zig-zag model (an unbalanced ring claimed balanced);
+- the right runs against a model that forgets the diagonal pairs (j < i only);
+- the right runs against a model off by a factor of two in a pair's flops.
+The ring's result is also checked against tiny.attention (float64), so the counted run is a right one.
+
+The pieces are imported from notebooks/course/sequence_context_parallel.py, which is what the
+lecture shows (tests/test_saved.py).
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from course.sequence_context_parallel import contiguous, ring_attention, zigzag
+from helpers import cp_bench, shape, tiny
+from helpers.spawn import spawn
+
+LECTURE = Path(shape.NOTEBOOKS) / "11_sequence_context_parallel.ipynb"
+K, B, A, N, D = 3, 1, 2, 4, 8                  # ranks, batch, heads, tokens per chunk, head size
+PER_PAIR = 14 * B * A * N * N * D
+LAYOUTS = {"contiguous": contiguous, "zigzag": zigzag}
+
+
+def _data():
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(B, A, 2 * K * N, D, generator=gen, dtype=torch.float64) for _ in range(4)]
+
+
+def _take(x, mine):
+    return torch.cat([x[..., i * N:(i + 1) * N, :] for i in mine], dim=-2)
+
+
+def _ring(rank, world, layout):
+    chunks = LAYOUTS[layout](world)
+    q, k, v, dout = _data()
+    q, k, v = (_take(t, chunks[rank]).requires_grad_() for t in (q, k, v))
+    with cp_bench.counted() as fwd:
+        out = ring_attention(q, k, v, chunks)
+    with cp_bench.counted() as bwd:
+        out.backward(_take(dout, chunks[rank]))
+    return out.detach(), q.grad, fwd["flops"] + bwd["flops"]
+
+
+def _pairs(chunks, diagonal=True):
+    return [sum(i + 1 if diagonal else i for i in mine) for mine in chunks]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {name: spawn(_ring, K, args=(name,), backend="gloo") for name in LAYOUTS}
+
+
+def test_the_ring_is_attention(runs):
+    q, k, v, dout = _data()
+    q.requires_grad_()
+    ref = tiny.attention(q, k, v)
+    ref.backward(dout)
+    for name, layout in LAYOUTS.items():
+        for rank, (out, dq, _) in enumerate(runs[name]):
+            mine = layout(K)[rank]
+            torch.testing.assert_close(out, _take(ref.detach(), mine), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(dq, _take(q.grad, mine), rtol=1e-12, atol=1e-12)
+
+
+def test_both_layouts_meet_the_model(runs):
+    for name, layout in LAYOUTS.items():
+        cp_bench.assert_work([r[2] for r in runs[name]], _pairs(layout(K)), PER_PAIR, name)
+    assert cp_bench.imbalance([r[2] for r in runs["zigzag"]]) == 1
+
+
+def test_the_contiguous_run_fails_the_balanced_model(runs):
+    with pytest.raises(AssertionError):
+        cp_bench.assert_work([r[2] for r in runs["contiguous"]], _pairs(zigzag(K)), PER_PAIR,
+                             "contiguous as zig-zag")
+
+
+def test_a_model_without_the_diagonal_fails_it(runs):
+    for name, layout in LAYOUTS.items():
+        with pytest.raises(AssertionError):
+            cp_bench.assert_work([r[2] for r in runs[name]], _pairs(layout(K), False),
+                                 PER_PAIR, name)
+
+
+def test_a_model_off_by_two_fails_it(runs):
+    with pytest.raises(AssertionError):
+        cp_bench.assert_work([r[2] for r in runs["zigzag"]], _pairs(zigzag(K)), 2 * PER_PAIR,
+                             "zigzag")
+
+
+def test_the_lecture_has_the_shape():
+    got = shape.shape(LECTURE)
+    assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
+    assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
+    assert got["wordy prints"] == 0 and got["chosen texts"] == 0
