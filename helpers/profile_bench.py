@@ -51,6 +51,9 @@ def profiled_steps(rank, world_size, step, model_kw, cap_mb, layer_s, gbps, alph
             dist.barrier()
             step(ddp, opt, x, y, ddp.finish_gradient_sync)
             prof.step()
+    if any("start" not in c for c in link.calls):
+        raise RuntimeError("an all-reduce on the link was never waited for: train_step must call "
+                           "sync() (finish_gradient_sync) before the optimizer step")
     calls = [{"name": "bucket on the link", "start": c["start"] + wall, "end": c["end"] + wall}
              for c in link.calls]
     return {"trace": path, "plan": ddp_bench.bucket_plan(ddp), "link": calls}
