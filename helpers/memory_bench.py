@@ -11,11 +11,15 @@
 `LiveBytes` is a TorchDispatchMode: every aten operator that runs inside it (the backward too: autograd
 carries the mode into its engine) is seen with its outputs; an output whose storage is new (not one
 of the operator's inputs' storages: a view, or an in-place result, allocates nothing) is counted
-from its allocation until its storage is freed (a weakref finalizer). It counts storages' bytes as
-torch asks for them; CUDA's caching allocator rounds each block up to a multiple of 512 bytes and
+from its allocation until its storage is freed (a weakref finalizer). It sees only what operators
+return: memory a kernel allocates for itself and frees before returning (a CPU flash kernel's
+per-thread buffers, oneDNN's scratch, cuBLAS's workspace) is invisible, so its peak is a lower
+bound. It counts storages' bytes as torch asks for them; CUDA's caching allocator rounds each block up to a multiple of 512 bytes and
 keeps freed blocks for reuse, so on a GPU `torch.cuda.max_memory_allocated()` (the allocator's own
 high-water mark, read after `reset_peak_memory_stats`, minus what was allocated before) is the
-device's number and reads at least LiveBytes' peak; `step_memory` reads both there.
+device's number and reads at least LiveBytes' peak; `step_memory` reads both there, after one
+warm-up step (the first matmul of a process allocates cuBLAS's workspace, 8-32 MiB, kept for
+good: without the warm-up it would land in the first measured step's peak).
 
 The key claim (notebooks/10_memory_precision.ipynb, sections 1-2, `assert_saved`): the bytes that
 autograd saves for one transformer block, counted by the lecture's saved-tensor hook, equal its
@@ -36,8 +40,9 @@ def _storages(tree):
 
 
 class LiveBytes(TorchDispatchMode):
-    """Bytes of the storages allocated inside the `with` block and still alive: `live` now, `peak`
-    the most at once, `marks[name]` what `mark(name)` read. `device`: count only that device type."""
+    """Bytes of the storages operators return inside the `with` block and still alive: `live` now,
+    `peak` the most at once (a lower bound: a kernel's internal buffers are not seen), `marks[name]`
+    what `mark(name)` read. `device`: count only that device type."""
 
     def __init__(self, device=None):
         super().__init__()
@@ -70,9 +75,10 @@ def step_memory(forward, inputs, device="cpu"):
     fresh, not accumulated, so every run allocates the same). Returns {"kept": bytes alive
     after the forward (what it saved, its output), "peak": the most alive at once}, counted by
     LiveBytes; on a GPU also the allocator's: "cuda kept", "cuda peak" (memory_allocated and
-    max_memory_allocated minus what was allocated before the forward)."""
+    max_memory_allocated minus what was allocated before the forward), after one warm-up step."""
     cuda = torch.device(device).type == "cuda"
-    if cuda:
+    if cuda:                  # warm-up: workspaces and first-call buffers before the baseline
+        torch.autograd.grad(forward().float().sum(), list(inputs))
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)

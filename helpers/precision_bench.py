@@ -13,6 +13,14 @@ replaced, on each rank and for the run only, by functions that log (dtype, bytes
 originals. The hooks look the function up in `torch.distributed` at every call, so this sees the
 all-reduces PowerSGD issues from its futures' callbacks too, whatever thread runs them (the
 dispatch-mode tracer of helpers.trace is thread-local and would miss those).
+
+    precision_bench.assert_scales_with_u(d_bf16, d_fp16, 2.0**-8 / 2.0**-11)
+
+The lecture's claim about the 2-byte hooks: the distance from the exact run is proportional to the
+format's unit roundoff u (each step adds about K roundings of relative size u), so the ratio of two
+formats' distances is the ratio of their u within a factor 2 (their rounding errors are not
+distributed alike: fp16's subnormals). tests/test_lecture_10.py feeds it a pair of runs in one
+format (ratio 1), which must fail it.
 """
 import contextlib
 import math
@@ -75,3 +83,11 @@ def train_with_hooks(rank, world_size, hooks, steps, lr, model_kw, rows):
                      "dtypes": sorted({str(d).replace("torch.", "") for d, _ in log}),
                      "params": [p.detach().cpu() for p in model.parameters()], "grad norms": norms}
     return out
+
+
+def assert_scales_with_u(d_coarse, d_fine, u_ratio, factor=2.0):
+    """d_coarse / d_fine within `factor` of u_ratio (the coarse format's u over the fine one's)."""
+    ratio = d_coarse / d_fine
+    assert u_ratio / factor <= ratio <= u_ratio * factor, (
+        f"the distances' ratio {ratio:.3g} is not the formats' u ratio {u_ratio:g} within a "
+        f"factor {factor:g}: the distance does not scale with the rounding")

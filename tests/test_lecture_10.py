@@ -8,7 +8,10 @@ E_lse + 4 sb E for F.scaled_dot_product_attention. Wrong on purpose, each must f
 - the explicit block against a formula without the a s^2 b term;
 - a counter that misses a tensor (it counts floating-point tensors only: not the causal mask).
 Also pinned down: LiveBytes counts an allocation while it lives; the backward's transient model
-of section 2; the offload count of section 3; the bytes the gradient hooks of section 5 send.
+of section 2; the offload count of section 3; the bytes the gradient hooks of section 5 send, and
+section 5's claim (`precision_bench.assert_scales_with_u`): the distance a 2-byte hook puts between
+its run and the exact one scales with the format's u (bf16 over fp16: 8), which a pair of runs in
+one format (ratio 1) and a model off by a factor 8 must fail.
 """
 import pytest
 import torch
@@ -121,13 +124,30 @@ def test_offload_copies_every_save():
     y.sum().backward()                                             # and it unpacks
 
 
+def _cast_hook(dtype):                        # the lecture's cast_hook (section 5)
+    def hook(state, bucket):
+        buffer = bucket.buffer()
+        half = buffer.to(dtype).div_(torch.distributed.get_world_size())
+        fut = torch.distributed.all_reduce(half, async_op=True).get_future()
+        return fut.then(lambda f: buffer.copy_(f.value()[0]))
+    return hook
+
+
 def test_the_gradient_hooks_send_what_the_model_says():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     hooks = {"exact": lambda: (None, default_hooks.allreduce_hook),
-             "fp16": lambda: (None, default_hooks.fp16_compress_hook)}
+             "fp16": lambda: (None, default_hooks.fp16_compress_hook),
+             "bf16": lambda: (None, _cast_hook(torch.bfloat16))}   # torch's: CUDA only
     mlp = dict(dim=8, hidden=16, depth=2)
     n = sum(p.numel() for p in tiny.model(**mlp).parameters())
-    runs = spawn(precision_bench.train_with_hooks, 2, args=(hooks, 2, 0.1, mlp, 8), backend="gloo")
+    runs = spawn(precision_bench.train_with_hooks, 2, args=(hooks, 6, 0.1, mlp, 8), backend="gloo")
     for run in runs:
-        assert run["exact"]["bytes"] == [4 * n] * 2 and run["fp16"]["bytes"] == [2 * n] * 2
-        assert run["fp16"]["dtypes"] == ["float16"]
+        assert run["exact"]["bytes"] == [4 * n] * 6 and run["fp16"]["bytes"] == [2 * n] * 6
+        assert run["fp16"]["dtypes"] == ["float16"] and run["bf16"]["dtypes"] == ["bfloat16"]
+    flat = {k: torch.cat([p.flatten() for p in runs[0][k]["params"]]) for k in hooks}
+    d = {k: (flat[k] - flat["exact"]).norm().item() for k in ("fp16", "bf16")}
+    precision_bench.assert_scales_with_u(d["bf16"], d["fp16"], 2.0**-8 / 2.0**-11)
+    with pytest.raises(AssertionError):          # two runs in one format: ratio 1, not 8
+        precision_bench.assert_scales_with_u(d["fp16"], d["fp16"], 2.0**-8 / 2.0**-11)
+    with pytest.raises(AssertionError):          # a model off by a factor 8
+        precision_bench.assert_scales_with_u(d["bf16"], d["fp16"], 2.0**-8 / 2.0**-8)

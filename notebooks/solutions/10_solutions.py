@@ -16,16 +16,12 @@ def round_to_bf16(x):
     return (rounded - ((rounded >> 31) << 32)).to(torch.int32).view(torch.float32)
 
 
-def loss_scales(finite, init_scale=2.0 ** 16, growth_interval=3):
-    """The scale GradScaler uses at each step: halved after a non-finite step, doubled after
-    growth_interval finite steps in a row."""
-    scale, streak, out = init_scale, 0, []
-    for ok in finite:
-        out.append(scale)
-        if ok:
-            streak += 1
-            if streak == growth_interval:
-                scale, streak = scale * 2, 0
-        else:
-            scale, streak = scale * 0.5, 0
-    return out
+def bf16_hooks():
+    """Saved-tensor hooks keeping floating-point tensors in bf16, given back in their dtype."""
+    def pack_bf16(t):
+        return t.dtype, t.to(torch.bfloat16) if t.is_floating_point() else t
+
+    def unpack_bf16(packed):
+        dtype, t = packed
+        return t.to(dtype)
+    return pack_bf16, unpack_bf16
