@@ -1,6 +1,7 @@
 """Lecture 12's measuring machinery (expert parallelism): the model of the bytes its all-to-alls
-carry, computed from the routing's counts alone, the key claim's check against what
-helpers.trace counted around the layer, and the key figure. It holds none of the lecture's code.
+carry, computed from the routing's counts alone, and its check against what helpers.trace
+counted around the layer; the split matrix (the key claim) and the key figure. It holds none
+of the lecture's code.
 
 The layer on rank r of K makes five all-to-alls per forward and backward, in this order:
 
@@ -13,12 +14,17 @@ The layer on rank r of K makes five all-to-alls per forward and backward, in thi
 
 S is nccl-tests' all-to-all size, the whole input of the call (helpers.trace's `nbytes`); the
 share that leaves the rank is S less the rows r keeps for its own experts.
+
+The key claim counts where the rows go: `splits()` wraps a rank's code and records the split lists
+of every `all_to_all_single` (c10d's alltoall_base_, which helpers.trace counts only in bytes);
+the dispatch's input splits on rank i are row i of the K x K split matrix, its output splits
+column i. `split_model` computes that matrix from the single process's routing.
 """
-import torch
+import contextlib
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import plots
-
-NAMES = ("counts", "dispatch", "return", "return (bwd)", "dispatch (bwd)")
 
 
 def all_to_all_model(kept, rank, dim, itemsize):
@@ -37,9 +43,50 @@ def counted(calls):
 
 
 def assert_all_to_all(calls, model):
-    """The key claim: the tracer counted exactly the model's all-to-alls and bytes (both count)."""
+    """The bytes check: the tracer counted exactly the model's all-to-alls and bytes."""
     got = counted(calls)
     assert got == model, f"counted all-to-all bytes {got}, the model says {model}"
+
+
+class _Splits(TorchDispatchMode):
+    """Records (input_split_sizes, output_split_sizes) of every alltoall_base_ made inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d" and func._overloadpacket.__name__ == "alltoall_base_":
+            named = {**dict(zip([a.name for a in func._schema.arguments], args)), **kwargs}
+            self.calls.append((list(named["input_split_sizes"]),
+                               list(named["output_split_sizes"])))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def splits():
+    """Inside a rank: `with splits() as log:` fills log with each all-to-all's split lists."""
+    mode = _Splits()
+    with mode:
+        yield mode.calls
+
+
+def split_model(kept):
+    """The K x K split matrix: rows rank i keeps for rank j's experts (kept: K x E)."""
+    K, E = kept.shape
+    return kept.view(K, K, E // K).sum(-1).tolist()
+
+
+def assert_split_matrix(logs, model):
+    """The key claim: on every rank i the dispatch (second all-to-all) sent row i of the model
+    and received column i, exactly. logs: each rank's `splits()` record."""
+    sent = [log[1][0] for log in logs]
+    got = [log[1][1] for log in logs]
+    cols = [list(c) for c in zip(*model)]
+    assert sent == model and got == cols, \
+        f"split matrix sent {sent}, received (by column) {got}; the routing says {model}"
+    return sent
 
 
 def leaving(kept, rank, dim, itemsize):
@@ -50,22 +97,28 @@ def leaving(kept, rank, dim, itemsize):
     return (int(kept[rank].sum()) - mine) * dim * itemsize
 
 
-def draw_bytes(ax, runs, balanced):
-    """Bars: S of the dispatch and the return per rank, counted, for each run; markers: the model.
-    runs: {label: (counted per rank, model per rank)}, each a list of five-entry lists."""
-    K = len(next(iter(runs.values()))[0])
-    width = 0.8 / (2 * len(runs))
-    for i, (label, (got, model)) in enumerate(runs.items()):
-        for j, call in enumerate((1, 2)):
-            xs = [r + (2 * i + j + 0.5) * width - 0.4 for r in range(K)]
-            ax.bar(xs, [g[call] / 1024 for g in got], width, color=plots.COLORS[2 * i + j],
-                   label=f"{label}: {NAMES[call]}, counted")
-            ax.plot(xs, [m[call] / 1024 for m in model], "k_", ms=12, mew=2)
-    ax.plot([], [], "k_", ms=12, mew=2, label="model from the routing counts")
-    ax.axhline(balanced / 1024, color=plots.REFERENCE, ls=":",
-               label="balanced router, nothing dropped: n k d x 8")
-    top = max(max(g[c], m[c]) for got, model in runs.values() for g, m in zip(got, model)
-              for c in (1, 2))
-    ax.set(xticks=range(K), xlabel="rank", ylabel="KiB per all-to-all (S)",
-           ylim=(0, 1.5 * max(top, balanced) / 1024))
-    ax.legend(fontsize=7, loc="upper center", ncol=2)
+def draw_splits(ax, matrix):
+    """Heatmap of the K x K split matrix (rows rank i sent to rank j), each cell labelled."""
+    K = len(matrix)
+    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=1.3 * max(map(max, matrix)))
+    for i in range(K):
+        for j in range(K):
+            ax.text(j, i, matrix[i][j], ha="center", va="center", fontsize=9)
+    ax.grid(False)
+    ax.set(xticks=range(K), yticks=range(K), xlabel="to rank j (its experts)",
+           ylabel="from rank i (its tokens)")
+
+
+def draw_load(ax, routed, kept, cap):
+    """Per group and expert: kept assignments, dropped ones stacked above, the capacity line."""
+    K, E = routed.shape
+    xs = [g * (E + 1) + e for g in range(K) for e in range(E)]
+    k, r = kept.reshape(-1).tolist(), routed.reshape(-1).tolist()
+    ax.bar(xs, k, color=plots.COLORS[0], label="kept")
+    ax.bar(xs, [a - b for a, b in zip(r, k)], bottom=k, color=plots.COLORS[3],
+           label="dropped")
+    ax.axhline(cap, color=plots.REFERENCE, ls=":", label=f"C = {cap}")
+    ax.set(xticks=[g * (E + 1) + (E - 1) / 2 for g in range(K)],
+           xticklabels=[f"rank {g}" for g in range(K)], xlabel="each rank's tokens, per expert",
+           ylabel="assignments per expert", ylim=(0, 1.3 * max(r + [cap])))
+    ax.legend(fontsize=7, loc="upper center", ncol=3)

@@ -1,6 +1,12 @@
 """Lecture 12 (expert parallelism): its shape, and its key measured claim with negative controls.
 
-The claim (notebooks/12_expert_parallel.ipynb, section 3): around one forward and backward of the
+The key claim (notebooks/12_expert_parallel.ipynb, section 3): on every rank, the dispatch
+all-to-all's split lists, recorded by wrapping the layer (`ep_bench.splits`), are row and column
+of the K x K split matrix computed from the single process's routing (`ep_bench.split_model`,
+`ep_bench.assert_split_matrix`). A layer whose router's columns are rolled by one rank's experts
+sends every rank the same number of rows (and bytes) to the wrong ranks: it must fail it.
+
+The bytes (section 3 too): around one forward and backward of the
 expert-parallel layer, helpers.trace counts on every rank exactly the five all-to-alls of
 `ep_bench.all_to_all_model` (the counts, the dispatch, the return, and their two mirrors), whose
 bytes are computed from the single process's routing alone (`ep_bench.assert_all_to_all`). Bytes
@@ -32,16 +38,17 @@ def _modules(rank, world, dim, per):
     return make_router(dim, world * per), expert_mlp(dim, 0), mine
 
 
-def _traced(rank, world, x, factor):
+def _traced(rank, world, x, factor, roll=0):
     router, shared, mine = _modules(rank, world, x.shape[1], PER)
     n = len(x) // world
     xr = x[rank * n:(rank + 1) * n].clone().requires_grad_()
-    with trace.calls() as log:
-        y, _, _ = moe_layer(xr, router, mine, TOP_K, factor, shared)
+    scores = (lambda h: router(h).roll(roll, dims=-1)) if roll else router
+    with trace.calls() as log, ep_bench.splits() as split_log:
+        y, _, _ = moe_layer(xr, scores, mine, TOP_K, factor, shared)
         y.pow(2).sum().backward()
         for p in [*router.parameters(), *shared.parameters()]:
             dist.all_reduce(p.grad)
-    return log.calls, y.detach(), xr.grad
+    return log.calls, y.detach(), xr.grad, split_log
 
 
 def _reference(x, factor, world=K):
@@ -59,13 +66,51 @@ def runs():
     return x, {f: spawn(_traced, K, args=(x, f), backend="gloo") for f in (FACTOR, None)}
 
 
+def test_the_split_matrix_is_the_routings(runs):
+    x, by_factor = runs
+    for factor, res in by_factor.items():
+        kept = _reference(x, factor)[2]
+        ep_bench.assert_split_matrix([r[3] for r in res], ep_bench.split_model(kept))
+
+
+def test_a_layer_that_sends_rows_to_the_wrong_ranks_fails_it():
+    x, _ = tiny.batch(K * N, DIM, seed=1)
+    res = spawn(_traced, K, args=(x, None, PER), backend="gloo")    # experts off by one rank
+    kept = _reference(x, None)[2]
+    for rank, r in enumerate(res):       # the same rows and bytes leave every rank ...
+        ep_bench.assert_all_to_all(r[0][:2], ep_bench.all_to_all_model(kept, rank, DIM, 8)[:2])
+    with pytest.raises(AssertionError):  # ... to the wrong ranks
+        ep_bench.assert_split_matrix([r[3] for r in res], ep_bench.split_model(kept))
+
+
+def _router_grad(k, normalise):
+    x, _ = tiny.batch(N, DIM, seed=2)
+    router = make_router(DIM, 4)
+    experts = [expert_mlp(DIM, 1 + e) for e in range(4)]
+    if normalise:                        # what Switch is not: gates renormalised, all 1 at k = 1
+        probs = torch.softmax(router(x), -1)
+        top_p, top = probs.topk(k, -1)
+        gates = top_p / top_p.sum(-1, keepdim=True)
+        y = x + sum(gates[:, j:j + 1] * torch.stack([experts[int(e)](x[i])
+                    for i, e in enumerate(top[:, j])]) for j in range(k))
+    else:
+        y, _ = moe_reference(x, router, experts, k, None, 1)
+    y.pow(2).sum().backward()
+    return router.weight.grad.abs().max().item()
+
+
+def test_top1_router_gets_a_gradient_and_renormalised_gates_would_give_none():
+    assert _router_grad(1, normalise=False) > 1e-6
+    assert _router_grad(1, normalise=True) < 1e-12      # rounding only
+
+
 def test_the_layer_equals_one_process_and_meets_the_all_to_all_model(runs):
     x, by_factor = runs
     for factor, res in by_factor.items():
         y, dx, kept = _reference(x, factor)
         torch.testing.assert_close(torch.cat([r[1] for r in res]), y, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(torch.cat([r[2] for r in res]), dx, rtol=1e-12, atol=1e-12)
-        for rank, (calls, _, _) in enumerate(res):
+        for rank, (calls, _, _, _) in enumerate(res):
             ep_bench.assert_all_to_all(calls, ep_bench.all_to_all_model(kept, rank, DIM, 8))
 
 
@@ -73,7 +118,7 @@ def test_a_layer_that_forgets_the_capacity_fails_it(runs):
     x, by_factor = runs
     kept, routed = _reference(x, FACTOR)[2], _reference(x, None)[2]
     assert (routed - kept).sum() > 0, "the capacity factor must drop something here"
-    for rank, (calls, _, _) in enumerate(by_factor[None]):
+    for rank, (calls, _, _, _) in enumerate(by_factor[None]):
         with pytest.raises(AssertionError):
             ep_bench.assert_all_to_all(calls, ep_bench.all_to_all_model(kept, rank, DIM, 8))
 
@@ -81,7 +126,7 @@ def test_a_layer_that_forgets_the_capacity_fails_it(runs):
 def test_a_model_in_float32_fails_it(runs):
     x, by_factor = runs
     kept = _reference(x, FACTOR)[2]
-    for rank, (calls, _, _) in enumerate(by_factor[FACTOR]):
+    for rank, (calls, _, _, _) in enumerate(by_factor[FACTOR]):
         with pytest.raises(AssertionError):
             ep_bench.assert_all_to_all(calls, ep_bench.all_to_all_model(kept, rank, DIM, 4))
 

@@ -29,7 +29,7 @@ def route(x, router, k, cap):
     their gates, and which are kept: at most `cap` per expert, in GShard's order."""
     probs = torch.softmax(router(x), dim=-1)
     top_p, top = probs.topk(k, dim=-1)
-    gates = top_p / top_p.sum(-1, keepdim=True)
+    gates = top_p if k == 1 else top_p / top_p.sum(-1, keepdim=True)   # Switch: raw p
     order = top.t().reshape(-1)                # all first choices, then all second ...
     place = F.one_hot(order, probs.shape[1]).cumsum(0).gather(1, order[:, None])
     keep = torch.ones_like(top, dtype=torch.bool) if cap is None else \
@@ -37,11 +37,11 @@ def route(x, router, k, cap):
     return probs, top, gates, keep
 
 
-def moe_reference(x, router, experts, k, factor, groups, shared=None):
-    """The layer in one process, dense; capacity counted in each of `groups` groups.
+def moe_reference(x, router, experts, k, factor, n_groups, shared=None):
+    """The layer in one process, dense; capacity counted in each of `n_groups` groups.
     Returns the output and the kept assignments per group and expert (groups x E)."""
     E, out, kept = len(experts), [], []
-    for xg in x.chunk(groups):
+    for xg in x.chunk(n_groups):
         _, top, gates, keep = route(xg, router, k, capacity(factor, len(xg), k, E))
         weight = x.new_zeros(len(xg), E).scatter_add(1, top, gates * keep)
         y = xg + sum(weight[:, e:e + 1] * experts[e](xg) for e in range(E))
@@ -73,17 +73,19 @@ def moe_layer(x, router, mine, k, factor, shared=None, group=None):
     probs, top, gates, keep = route(x, router, k, capacity(factor, len(x), k, E))
     # 1. the kept assignments, sorted by expert, counted per expert
     tok = torch.arange(len(x), device=x.device)[:, None].expand_as(top)[keep]
-    order = torch.argsort(top[keep], stable=True)
-    tok, expert, gate = tok[order], top[keep][order], gates[keep][order]
+    chosen = top[keep]
+    order = torch.argsort(chosen, stable=True)
+    tok, expert, gate = tok[order], chosen[order], gates[keep][order]
     send = torch.bincount(expert, minlength=E)
     # 2. counts exchange: recv[i E/K + e] = rows rank i sends to my expert e
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    in_splits = send.view(K, per).sum(1).tolist()      # rows I send to each rank
-    out_splits = recv.view(K, per).sum(1).tolist()     # rows I receive from each rank
+    send, recv = send.tolist(), recv.tolist()            # to the host, once each
+    in_splits = [sum(send[j * per:(j + 1) * per]) for j in range(K)]   # to each rank
+    out_splits = [sum(recv[i * per:(i + 1) * per]) for i in range(K)]  # from each rank
     # 3. dispatch, 4. my experts, chunk by chunk, 5. return
     got = AllToAll.apply(x[tok], out_splits, in_splits, group)
-    chunks = got.split(recv.tolist())
+    chunks = got.split(recv)
     done = torch.cat([mine[c % per](chunk) for c, chunk in enumerate(chunks)])
     back = AllToAll.apply(done, in_splits, out_splits, group)
     # 6. combine with the gates; the residual carries what was dropped
