@@ -46,7 +46,6 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
     params = {q.data_ptr() for q in stage.parameters()}
     held, saved, grads, pending, in_flight = {}, {}, {}, [], []
     clock, peak, peak_bytes, loss = timing.Clock(xs[0].device), 0, 0, 0.0
-
     def exchange(recv=None):    # the pending sends and this receive, as one group
         ops = pending + ([recv] if recv is not None else [])
         works = dist.batch_isend_irecv(ops) if ops else []
@@ -80,22 +79,23 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
         elif kind == "B":
             inp, out = held[i]
             grads[i] = torch.ones_like(out) if last else buf
-            if not first:           # the input's gradient; the graph kept for W
+            if not first and ("W", i) in actions:   # split: the input's gradient now
                 g, = torch.autograd.grad(out, inp, grads[i], retain_graph=True)
                 pending.append(dist.P2POp(dist.isend, g, rank - 1))
-        if kind == "W" or kind == "B" and ("W", i) not in actions:   # the weights'
+        if kind == "W" or kind == "B" and ("W", i) not in actions:  # W, or a whole B
             inp, out = held.pop(i)
-            torch.autograd.backward(out, grads.pop(i), inputs=list(stage.parameters()))
+            whole = [inp] if kind == "B" and not first else []   # the input's too
+            wrt = [*stage.parameters(), *whole]
+            torch.autograd.backward(out, grads.pop(i), inputs=wrt)
+            pending += [dist.P2POp(dist.isend, x.grad, rank - 1) for x in whole]
             saved.pop(i)                                # autograd freed it
         if work:
             work(kind)
         clock.now((n, "end"))
     exchange()
-    for w in [w for works, _ in in_flight for w in works]:
-        w.wait()
+    [w.wait() for works, _ in in_flight for w in works]
     t = clock.read()                    # seconds since "step start"
-    timeline = [(kind, i, t[n, "start"], t[n, "end"])
-                for n, (kind, i) in enumerate(actions)]
+    timeline = [(k, i, t[n, "start"], t[n, "end"]) for n, (k, i) in enumerate(actions)]
     return timeline, peak, peak_bytes, float(loss)
 
 def simulate(schedule, p, m, time=None, hop=0.0):
