@@ -7,7 +7,9 @@ layout's model: the chunk pairs (i, j), j <= i, its queries meet, times one pair
 Runs or models made wrong on purpose must fail it:
 - the contiguous layout's run against the zig-zag model (an unbalanced ring claimed balanced);
 - the right runs against a model that forgets the diagonal pairs (j < i only);
-- the right runs against a model off by a factor of two in a pair's flops.
+- the right runs against a model off by a factor of two in a pair's flops;
+- a ring that is right but computes the future blocks (j > i) and masks them away: its counted
+  forward flops exceed the model's.
 The ring's result is also checked against tiny.attention (float64), so the counted run is a right one.
 
 The pieces are imported from notebooks/course/sequence_context_parallel.py, which is what the
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course.sequence_context_parallel import contiguous, ring_attention, zigzag
+from course.sequence_context_parallel import (contiguous, merge, ring_attention, ring_pass,
+                                              scores, zigzag)
 from helpers import cp_bench, shape, tiny
 from helpers.spawn import spawn
 
@@ -46,6 +49,31 @@ def _ring(rank, world, layout):
     with cp_bench.counted() as bwd:
         out.backward(_take(dout, chunks[rank]))
     return out.detach(), q.grad, fwd["flops"] + bwd["flops"]
+
+
+def _wasteful_ring(rank, world):
+    """The forward ring computing every block; a future block (j > i) is merged with weight 0."""
+    chunks = zigzag(world)
+    q, k, v, _ = (_take(t, chunks[rank]) for t in _data())
+    qs = q.chunk(2, dim=-2)
+    out = [torch.zeros_like(x) for x in qs]
+    lse = [torch.full_like(x[..., :1], float("-inf")) for x in qs]
+    kv = torch.stack([k, v])
+    with cp_bench.counted() as fwd:
+        for t in range(world):
+            ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+            for a, i in enumerate(chunks[rank]):
+                for b, j in enumerate(chunks[(rank - t) % world]):
+                    sc = scores(qs[a], ks[b], i, j)           # unmasked when j > i
+                    l = sc.logsumexp(dim=-1, keepdim=True)
+                    part = torch.exp(sc - l) @ vs[b]
+                    if j > i:                                 # masked: contributes nothing
+                        l = torch.full_like(l, float("-inf"))
+                    out[a], lse[a] = merge(out[a], lse[a], part, l)
+            if t < world - 1:
+                kv, works = ring_pass(kv)
+                [w.wait() for w in works]
+    return torch.cat(out, dim=-2), fwd["flops"]
 
 
 def _pairs(chunks, diagonal=True):
@@ -92,6 +120,20 @@ def test_a_model_off_by_two_fails_it(runs):
     with pytest.raises(AssertionError):
         cp_bench.assert_work([r[2] for r in runs["zigzag"]], _pairs(zigzag(K)), 2 * PER_PAIR,
                              "zigzag")
+
+
+def test_a_ring_computing_the_future_blocks_fails_it():
+    """Right result, wasted work: every rank computes all 4K pairs, the model counts 2K+1."""
+    q, k, v, _ = _data()
+    ref = tiny.attention(q, k, v)
+    runs = spawn(_wasteful_ring, K, backend="gloo")
+    for rank, (out, _) in enumerate(runs):
+        torch.testing.assert_close(out, _take(ref, zigzag(K)[rank]), rtol=1e-12, atol=1e-12)
+    forward_per_pair = 4 * B * A * N * N * D
+    assert [f for _, f in runs] == [4 * K * forward_per_pair] * K   # what it did
+    with pytest.raises(AssertionError):
+        cp_bench.assert_work([f for _, f in runs], _pairs(zigzag(K)), forward_per_pair,
+                             "zigzag, future blocks computed")
 
 
 def test_the_lecture_has_the_shape():

@@ -17,12 +17,12 @@ def merge(out1, lse1, out2, lse2):
 
 def scores(q, k, i, j):
     """Scores of query chunk i against key chunk j (j <= i); the diagonal masked."""
-    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    sc = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
     if i == j:
         n = q.shape[-2]
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
-    return s
+        sc = sc.masked_fill(mask, float("-inf"))
+    return sc
 
 def ring_pass(x):
     """Post: send x to the next rank, receive the previous one's -> (buffer, works)."""
@@ -43,12 +43,13 @@ def ring_forward(q, k, v, chunks):
         if t < K - 1:
             arriving, works = ring_pass(kv)  # the next block, in flight meanwhile
         ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
-        for a, i in enumerate(chunks[rank]):
-            for b, j in enumerate(chunks[(rank - t) % K]):
+        for iq, i in enumerate(chunks[rank]):          # iq, jk: positions in the lists
+            for jk, j in enumerate(chunks[(rank - t) % K]):
                 if j <= i:
-                    sc = scores(qs[a], ks[b], i, j)
+                    sc = scores(qs[iq], ks[jk], i, j)
                     l = sc.logsumexp(dim=-1, keepdim=True)
-                    out[a], lse[a] = merge(out[a], lse[a], torch.exp(sc - l) @ vs[b], l)
+                    pv = torch.exp(sc - l) @ vs[jk]
+                    out[iq], lse[iq] = merge(out[iq], lse[iq], pv, l)
         if t < K - 1:
             [w.wait() for w in works]
             kv = arriving
@@ -68,14 +69,14 @@ def ring_backward(q, k, v, out, lse, dout, chunks):
         ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
         dks, dvs = dkv[0].chunk(2, dim=-2), dkv[1].chunk(2, dim=-2)
         dqs = dq.chunk(2, dim=-2)
-        for a, i in enumerate(chunks[rank]):
-            for b, j in enumerate(chunks[(rank - t) % K]):
+        for iq, i in enumerate(chunks[rank]):          # iq, jk: positions in the lists
+            for jk, j in enumerate(chunks[(rank - t) % K]):
                 if j <= i:
-                    p = torch.exp(scores(qs[a], ks[b], i, j) - ls[a])
-                    dvs[b].add_(p.transpose(-2, -1) @ dos[a])
-                    ds = p * (dos[a] @ vs[b].transpose(-2, -1) - ds_[a])
-                    dqs[a].add_(ds @ ks[b] / root)
-                    dks[b].add_(ds.transpose(-2, -1) @ qs[a] / root)
+                    p = torch.exp(scores(qs[iq], ks[jk], i, j) - ls[iq])
+                    dvs[jk].add_(p.transpose(-2, -1) @ dos[iq])
+                    ds = p * (dos[iq] @ vs[jk].transpose(-2, -1) - ds_[iq])
+                    dqs[iq].add_(ds @ ks[jk] / root)
+                    dks[jk].add_(ds.transpose(-2, -1) @ qs[iq] / root)
         if t < K - 1:
             [w.wait() for w in works]
             kv = arriving
