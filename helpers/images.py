@@ -86,6 +86,10 @@ def make(executed_dir, smoke=False):
         (FOLDER / f"{path.stem}.png").write_bytes(shrink(png))
         figures[path.stem] = {"caption": caption, "alt": f"Lecture {path.stem[:2]}: {caption}",
                               "machine": where + (" (SMOKE sizes)" if smoke else ""), "date": when}
+    lectures = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    for stem in set(figures) - lectures:         # a lecture renamed or split: its figure goes
+        figures.pop(stem)
+        (FOLDER / f"{stem}.png").unlink(missing_ok=True)
     figures = dict(sorted(figures.items()))
     INDEX.write_text(json.dumps(figures, indent=1) + "\n")
     write_readme(figures)
