@@ -163,7 +163,7 @@ def assert_sidebar_lists_every_lecture(report, name):
     here = lambda href: href.split("#")[0] or name  # the page's own entry links to "#"
     listed = [(here(href), text) for href, text in report["sidebar"] if here(href) in pages()]
     titles = [site.title_and_summary(p)[0] for p in LECTURES]
-    assert [h for h, _ in listed] == pages(), f"{name}'s sidebar lists {[h for h, _ in listed]}, not the 13 lectures in order"
+    assert [h for h, _ in listed] == pages(), f"{name}'s sidebar lists {[h for h, _ in listed]}, not the {len(LECTURES)} lectures in order"
     assert [t for _, t in listed] == titles, f"{name}'s sidebar names the lectures {[t for _, t in listed]}"
 
 
