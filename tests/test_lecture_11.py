@@ -15,6 +15,7 @@ The ring's result is also checked against tiny.attention (float64), so the count
 The pieces are imported from notebooks/course/sequence_context_parallel.py, which is what the
 lecture shows (tests/test_saved.py).
 """
+import math
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,17 @@ def test_the_lecture_has_the_shape():
     assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
     assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
     assert got["wordy prints"] == 0 and got["chosen texts"] == 0
+
+
+def test_the_merge_is_stable_where_a_naive_one_overflows():
+    """merge uses only exponentials of differences: with log-sum-exps near 1000 (exp overflows
+    float64 at 710) it is finite and exact, where the textbook weighted mean is nan."""
+    from course.sequence_context_parallel import merge
+
+    out1, out2 = torch.full((2, 3), 1.0, dtype=torch.float64), torch.full((2, 3), 3.0, dtype=torch.float64)
+    lse1, lse2 = torch.full((2, 1), 1000.0, dtype=torch.float64), torch.full((2, 1), 1000.0 + math.log(3), dtype=torch.float64)
+    out, lse = merge(out1, lse1, out2, lse2)   # lse near 1000 carries ~1000 u: rtol 1e-12
+    torch.testing.assert_close(out, torch.full((2, 3), 2.5, dtype=torch.float64), rtol=1e-12, atol=0)
+    torch.testing.assert_close(lse, lse1 + math.log(4), rtol=1e-15, atol=0)
+    naive = (lse1.exp() * out1 + lse2.exp() * out2) / (lse1.exp() + lse2.exp())
+    assert torch.isnan(naive).all()                     # the negative control: inf / inf

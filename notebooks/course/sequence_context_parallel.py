@@ -67,7 +67,7 @@ def ring_backward(q, k, v, out, lse, dout, chunks):
         if t < K - 1:
             arriving, works = ring_pass(kv)
         ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
-        dks, dvs = dkv[0].chunk(2, dim=-2), dkv[1].chunk(2, dim=-2)
+        dks, dvs = dkv[0].chunk(2, dim=-2), dkv[1].chunk(2, dim=-2)  # views of dkv
         dqs = dq.chunk(2, dim=-2)
         for iq, i in enumerate(chunks[rank]):          # iq, jk: positions in the lists
             for jk, j in enumerate(chunks[(rank - t) % K]):
