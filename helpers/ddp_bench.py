@@ -183,7 +183,7 @@ def torch_buckets(rank, world_size, configs, iterations=3, seed=0):
             return default_hooks.allreduce_hook(None, bucket)
 
         ddp.register_comm_hook(state, hook)
-        with _quiet_stderr():        # find_unused_parameters warns that none were unused
+        with quiet_stderr():        # find_unused_parameters warns that none were unused
             for state["iteration"] in range(iterations):
                 model.zero_grad()
                 tiny.loss(ddp(x), y).backward()
@@ -192,7 +192,7 @@ def torch_buckets(rank, world_size, configs, iterations=3, seed=0):
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """Inside: what C++ writes to this process's stderr (its logging) goes nowhere."""
     import os
     import sys

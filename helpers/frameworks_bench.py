@@ -26,6 +26,10 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import timing, tiny
+# quiet_stderr: Lightning's default profiler schedule ends its cycle inside the optimizer's step,
+# and torch's profiler then warns, from C++, of the range left open (an exception still reaches
+# spawn, with its traceback).
+from helpers.ddp_bench import quiet_stderr  # noqa: F401 - lecture 14 calls it from here
 
 _COPIES = {"aten.clone.default", "aten._to_copy.default", "aten.copy_.default"}
 
@@ -220,24 +224,6 @@ def quiet_lightning():
     warnings.filterwarnings("ignore", message=r".*does not have many workers")
     warnings.filterwarnings("ignore", message=r".*profiler default schedule")
     warnings.filterwarnings("ignore", message=r"Optimizer\.step#")
-
-
-@contextlib.contextmanager
-def quiet_stderr():
-    """Inside: what C++ writes to this process's stderr is dropped. Lightning's default profiler
-    schedule ends its cycle inside the optimizer's step, and torch's profiler then warns, from C++,
-    of the range left open (an exception still reaches spawn, with its traceback)."""
-    import os
-
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
 
 
 def witness():
