@@ -239,16 +239,16 @@ def witness():
 
 
 def lightning_facts(trainer, witness):
-    """What a Trainer did around DDP, read from it after fit (call it inside the rank)."""
-    import psutil
-
+    """What a Trainer did around DDP, read from it after fit (call it inside the rank). "scripts
+    launched" is the launcher's own list of the processes it started (`procs`), not a count of this
+    process's children: on a GPU machine a rank has children of its own (seen on an H100, torch 2.11)."""
     env = trainer.strategy.cluster_environment
     return {"steps": trainer.global_step, "strategy": type(trainer.strategy).__name__,
             "launcher": type(trainer.strategy.launcher).__name__,
             "environment": type(env).__name__,
             "started externally": env.creates_processes_externally,
             "wrapped in": witness.wrapped_in,
-            "child processes": len(psutil.Process().children(recursive=True))}
+            "scripts launched": len(trainer.strategy.launcher.procs)}
 
 
 def profiled_ranges(trainer, prefixes=("[pl][profile]", "gloo:", "nccl:")):

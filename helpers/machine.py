@@ -90,9 +90,26 @@ def timed_ranks(world_size, least=1):
     return max(least, min(world_size, usable_cores()))
 
 
+TORCH_NEEDED = (2, 13)   # all_gather_single, reduce_scatter_single and gloo's list all_to_all
+
+
+def torch_too_old(version=None):
+    """A sentence when this torch predates the one the course is written for, else None."""
+    import torch
+
+    version = version or torch.__version__
+    found = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    if found >= TORCH_NEEDED:
+        return None
+    return (f"torch {version} is older than the {'.'.join(map(str, TORCH_NEEDED))} this course is "
+            "written for: cells that use dist.all_gather_single, dist.reduce_scatter_single or "
+            "gloo's all_to_all will fail (requirements.txt pins the version).")
+
+
 def banner(world_size=None, backend=None):
     """Two lines: the machine, and the ranks, flagged "oversubscribed" when they outnumber the cores
-    (what that means for a timing, each lecture says in its markdown)."""
+    (what that means for a timing, each lecture says in its markdown); a third when torch is older
+    than the course's (torch_too_old)."""
     d = describe()
     gpu = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in d["gpus"]) or "no GPU"
     text = (f"Measured on: {d['cpu']}, {d['cores']} usable core(s), {d['memory_gib']} GiB memory, "
@@ -100,4 +117,5 @@ def banner(world_size=None, backend=None):
     if world_size is not None:
         over = f"; oversubscribed: {world_size} ranks > {d['cores']} cores" if oversubscribed(world_size) else ""
         text += f"\nRanks: {world_size}" + (f" on {backend}" if backend else "") + over + "."
-    return text
+    old = torch_too_old()
+    return text + (f"\n{old}" if old else "")

@@ -54,6 +54,24 @@ def counting_collectives(log):
             setattr(dist, name, f)
 
 
+@contextlib.contextmanager
+def no_cuda_sync_for_cpu():
+    """Inside: torch.cuda.synchronize(a CPU device) returns at once. torch's PowerSGD hooks end with
+    `torch.cuda.synchronize(the bucket's device)` whenever CUDA is available (powerSGD_hook.py,
+    torch 2.13), which raises "Expected a cuda device, but got: cpu" for a CPU bucket: a gloo rank on
+    a machine with a GPU (seen on an H100). A CPU device has nothing to wait for."""
+    real = torch.cuda.synchronize
+
+    def synchronize(device=None):
+        if device is None or torch.device(device).type != "cpu":
+            real(device)
+    torch.cuda.synchronize = synchronize
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = real
+
+
 def train_with_hooks(rank, world_size, hooks, steps, lr, model_kw, rows):
     """The same float32 training once per hook: losses, bytes and calls per step, parameters."""
     dev = device()
@@ -67,7 +85,7 @@ def train_with_hooks(rank, world_size, hooks, steps, lr, model_kw, rows):
             ddp.register_comm_hook(*make())
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         log, losses, sent, calls, norms = [], [], [], [], []
-        with counting_collectives(log):
+        with counting_collectives(log), no_cuda_sync_for_cpu():
             for _ in range(steps):
                 before = len(log)
                 opt.zero_grad()

@@ -87,6 +87,20 @@ def test_banner_states_the_machine_and_flags_oversubscription():
     assert d["cores"] >= 1 and d["memory_gib"] > 0 and isinstance(d["gpus"], list)
 
 
+def test_a_torch_older_than_the_requirement_gets_a_sentence_in_the_banner():
+    import re
+    from pathlib import Path
+
+    # the GPU image of 2026-11-27 had torch 2.11.0+cu130: no dist.all_gather_single there
+    old = machine.torch_too_old("2.11.0+cu130")
+    assert "torch 2.11.0+cu130" in old and "2.13" in old
+    assert machine.torch_too_old("2.13.0+cpu") is None and machine.torch_too_old("3.0.1") is None
+    assert machine.torch_too_old() is None and "older" not in machine.banner(1, "gloo")
+    pinned = re.search(r"^torch>=([\d.]+)$", (Path(__file__).parents[1] / "requirements.txt")
+                       .read_text(), re.M)
+    assert pinned and tuple(map(int, pinned[1].split("."))) == machine.TORCH_NEEDED
+
+
 @pytest.mark.parametrize("n, label", [(4096, "4 KiB"), (3 * 2**20, "3 MiB"), (780213.36, "761.9 KiB"),
                                       (1023.9 * 2**20, "1024 MiB"), (2**31, "2 GiB"), (100, "100 B")])
 def test_bytes_label_is_short_and_exact_for_powers_of_two(n, label):
@@ -161,7 +175,9 @@ def test_archive_keeps_a_run_with_its_machine_and_reads_it_back(tmp_path):
     assert run["machine"] == machine.describe() and run["params"] == {"SMOKE": True}
     assert [r["created"] for r in archive.runs("00_hardware", data=tmp_path)] == [run["created"]]
     assert archive.runs("04_cuda_streams", data=tmp_path) == []
-    assert run["created"][:10] in archive.label(run) and machine.cpu_model() in archive.label(run)
+    # the label names the GPUs where there are any (an H100 machine's label has no CPU), else the CPU
+    where = [name for name, _ in machine.gpus()] or [machine.cpu_model()]
+    assert run["created"][:10] in archive.label(run) and all(w in archive.label(run) for w in where)
     (tmp_path / "other.json").write_text('{"rows": []}')
     with pytest.raises(ValueError, match="not a measurements file"):
         archive.load(tmp_path / "other.json")

@@ -151,3 +151,17 @@ def test_the_gradient_hooks_send_what_the_model_says():
         precision_bench.assert_scales_with_u(d["fp16"], d["fp16"], 2.0**-8 / 2.0**-11)
     with pytest.raises(AssertionError):          # a model off by a factor 8
         precision_bench.assert_scales_with_u(d["bf16"], d["fp16"], 2.0**-8 / 2.0**-8)
+
+
+def test_a_cpu_device_needs_no_cuda_sync_and_a_gpu_still_gets_one(monkeypatch):
+    # torch's PowerSGD hook calls torch.cuda.synchronize(the bucket's device) whenever CUDA is
+    # available; for a CPU bucket (a gloo rank on a GPU machine) that raised on an H100.
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    with precision_bench.no_cuda_sync_for_cpu():
+        torch.cuda.synchronize(torch.device("cpu"))
+        torch.cuda.synchronize("cpu")
+        torch.cuda.synchronize(torch.device("cuda", 0))
+        torch.cuda.synchronize()
+    torch.cuda.synchronize(torch.device("cpu"))      # outside: the function it found, untouched
+    assert calls == [torch.device("cuda", 0), None, torch.device("cpu")]
