@@ -59,7 +59,7 @@ lab: $(READY)
 	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(READY)
-	for script in launch collectives ddp series; do $(BIN)/python bench/$$script.py || exit 1; done
+	for script in launch collectives ddp planner series; do $(BIN)/python bench/$$script.py || exit 1; done
 
 clean:
 	rm -rf build $(VENV)

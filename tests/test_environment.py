@@ -51,3 +51,10 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme and "make html" in readme and "make lab" in readme
+
+
+def test_make_bench_runs_every_script_in_bench():
+    listed = re.search(r"for script in ([\w ]+); do", (ROOT / "Makefile").read_text())
+    assert listed, "the Makefile's bench target loops over the scripts of bench/"
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    assert set(listed[1].split()) == scripts, f"make bench runs {listed[1].split()}, bench/ holds {sorted(scripts)}"
