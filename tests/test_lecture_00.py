@@ -127,19 +127,33 @@ def test_hbm_peak_from_the_driver():
 
 
 def test_the_kept_run_is_read_as_what_it_holds():
-    """data/'s H100 run was written by an earlier version of the lecture: medians only, its host's
-    DRAM copy from its own largest copy (its caches were not kept), the published H100 limits."""
+    """data/'s H100 run (2026-11-27) is in the current format: samples (so spreads), its caches
+    (a 300 MiB L3: its DRAM copy is its 1 GiB copy's rate), the driver's HBM peak and L2."""
     peak = {"HBM3, H100 SXM": 3350.0, "HBM3e, H200": 4800.0}
     runs = [hardware.kept_run(r, peak) for r in archive.runs("00_hardware")]
     h100 = [r for r in runs if "H100" in r["label"]]
     assert h100, "the kept H100 run is missing from data/"
-    run = h100[0]
-    assert "earlier version" in run["label"] and run["link_backend"] == "gloo"
-    assert round(run["host_gbps"], 1) == 11.6
+    run = h100[-1]
+    assert "earlier version" not in run["label"] and "driver 580.159.04" in run["label"]
+    assert run["link_backend"] == "gloo" and round(run["host_gbps"], 1) == 14.3
     gpu = run["gpu"]
-    assert (gpu["hbm"], gpu["l2"]) == (3350.0, 50e6)
-    assert all(r[c][1] is None for r in gpu["rows"] for c in hardware.GPU_COPIES)
-    assert round(gpu["rows"][-1]["pinned H2D"][0], 1) == 54.8
+    assert (gpu["hbm"], gpu["l2"]) == (3352.32, 52428800)
+    assert all(r[c][1] is not None for r in gpu["rows"] for c in hardware.GPU_COPIES)
+    assert round(gpu["rows"][-1]["pinned H2D"][0], 1) == 54.5
+
+
+def test_a_run_of_the_earlier_format_is_read_back(tmp_path):
+    """What an earlier version of the lecture wrote (key "pingpong", medians only, no caches)."""
+    m = {"cpu_copy": [{"n": n, "GB/s": g} for n, g in ((2**20, 20.0), (2**22, 11.0))],
+         "pingpong": [{"n": 4096, "one_way_s": 1e-4}], "pingpong_backend": "gloo",
+         "gpu_copies": [{"n": 2**28, "pageable H2D": 8.6, "pinned H2D": 54.8, "D2D": 2830.0}]}
+    run = archive.load(archive.save(tmp_path, "00_hardware", m))
+    run["machine"]["gpus"] = [{"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.2}]
+    kept = hardware.kept_run(run, {"HBM3, H100 SXM": 3350.0})
+    assert "earlier version" in kept["label"] and kept["link"] == [(4096, 1e-4)]
+    assert kept["link_backend"] == "gloo" and kept["host_gbps"] == 11.0   # its largest copy
+    assert (kept["gpu"]["hbm"], kept["gpu"]["l2"]) == (3350.0, 50e6)
+    assert kept["gpu"]["rows"][0]["pinned H2D"] == (54.8, None, None)
 
 
 def test_a_run_in_the_current_format_is_read_back(tmp_path):
