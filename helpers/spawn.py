@@ -20,17 +20,13 @@ address `::ffff:127.0.0.1` with a reverse DNS lookup, and one lookup in ~25 wait
 import atexit
 import os
 import pickle
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from multiprocessing.connection import Connection, wait
 
-from helpers import stacks
+from helpers import forkserver, stacks
 
 BACKENDS = ("auto", "gloo", "nccl")
 GRACE_S = 0.3  # after a first error, how long to wait for the other ranks' own errors
@@ -52,7 +48,7 @@ def spawn(fn, world_size, args=(), backend="auto", timeout=120, threads=1):
     if under_torchrun():
         return _run_in_place(fn, world_size, args, backend)
     backend = check_args(fn, world_size, backend, timeout, threads)
-    payload = _dumps_by_value((fn, tuple(args)))
+    payload = forkserver.dumps_by_value((fn, tuple(args)))
     launch = _Launch(world_size, backend, timeout, threads, payload)
     succeeded = False
     try:
@@ -110,7 +106,7 @@ def device(rank=None):
 
 def warm_up():
     """Start the fork server now (it imports torch once), so the first launch is a warm one."""
-    _server()
+    forkserver.server()
 
 
 def describe_launch(world_size, backend="auto"):
@@ -129,11 +125,11 @@ class _Launch:
     def __init__(self, world_size, backend, timeout, threads, payload):
         self.world_size, self.timeout = world_size, timeout
         self.pids, self.conns, self.outputs, self.stacks = {}, {}, {}, {}
-        self.store = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}.store")
+        self.store = os.path.join(forkserver.tmpdir(), f"{uuid.uuid4().hex}.store")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
                    HELPERS_SPAWN_STORE=self.store, HELPERS_SPAWN_RANK="1")
-        env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        env.setdefault("GLOO_SOCKET_IFNAME", forkserver.loopback_interface())
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         self.base = dict(world_size=world_size, backend=backend, timeout=timeout, threads=threads,
                          payload=payload, store=self.store, sys_path=list(sys.path), cwd=os.getcwd())
@@ -142,7 +138,7 @@ class _Launch:
     def run(self):
         for rank in range(self.world_size):  # ask for every fork first: they start in parallel
             mine, theirs = socket.socketpair()
-            _send_to_server(theirs)
+            forkserver.send_to_server(theirs)
             self.conns[rank] = Connection(mine.detach())
         for rank in range(self.world_size):
             self._start(rank)
@@ -155,7 +151,7 @@ class _Launch:
         except EOFError:
             raise SpawnError("the launcher's fork server exited before starting rank "
                              f"{rank}; run the cell again (it starts a new one).") from None
-        name = os.path.join(_tmpdir(), f"{uuid.uuid4().hex}-rank{rank}")
+        name = os.path.join(forkserver.tmpdir(), f"{uuid.uuid4().hex}-rank{rank}")
         self.outputs[rank], self.stacks[rank] = name + ".log", name + ".stack"
         env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank))
         conn.send_bytes(pickle.dumps(dict(self.base, rank=rank, env=env, out_path=self.outputs[rank],
@@ -233,9 +229,9 @@ class _Launch:
             conn.close()  # a rank that has answered exits as soon as it sees this
         if not succeeded:  # ranks still running (an error, a hang, an interrupt) are killed
             for pid in self.pids.values():
-                _kill_group(pid)
+                forkserver.kill_group(pid)
             deadline = time.monotonic() + 5
-            while any(_alive(p) for p in self.pids.values()) and time.monotonic() < deadline:
+            while any(forkserver.alive(p) for p in self.pids.values()) and time.monotonic() < deadline:
                 time.sleep(0.005)
         for rank in sorted(self.outputs):
             _print_labelled(rank, self.outputs[rank])
@@ -261,92 +257,6 @@ def _last_lines(path, n=5):
             return "\n".join("    " + line for line in f.read().splitlines()[-n:])
     except FileNotFoundError:
         return ""
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is as good as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _kill_group(pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# ------------------------------------------------------------------- process-wide shared pieces
-
-_SERVER = None  # (Popen, control socket)
-_TMPDIR = None
-
-
-def _server():
-    global _SERVER
-    if _SERVER is not None and _SERVER[0].poll() is None:
-        return _SERVER
-    if sys.platform == "win32":
-        raise OSError("helpers.spawn forks its ranks and needs Linux or macOS (on Windows, use WSL).")
-    mine, theirs = socket.socketpair()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "helpers._worker", str(theirs.fileno())],
-                            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True, cwd=root)
-    theirs.close()
-    _SERVER = (proc, mine)
-    return _SERVER
-
-
-def server_pid():
-    """The fork server's pid, or None when none is running (for tests and the curious)."""
-    return _SERVER[0].pid if _SERVER is not None and _SERVER[0].poll() is None else None
-
-
-def _send_to_server(sock):
-    for attempt in range(2):
-        proc, ctl = _server()
-        try:
-            socket.send_fds(ctl, [b"r"], [sock.fileno()])
-            sock.close()
-            return
-        except OSError:
-            if attempt:
-                raise
-            proc.kill()  # a server that died or broke its socket is replaced once
-            proc.wait()
-
-
-def _tmpdir():
-    global _TMPDIR
-    if _TMPDIR is None:
-        _TMPDIR = tempfile.mkdtemp(prefix="spawn-")
-        atexit.register(shutil.rmtree, _TMPDIR, True)
-    return _TMPDIR
-
-
-def _loopback_interface():
-    names = [name for _, name in socket.if_nameindex()]
-    return next((n for n in ("lo", "lo0") if n in names), names[0] if names else "lo")
-
-
-def _dumps_by_value(obj):
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(obj)
-    except Exception as e:
-        raise ValueError(f"the function or its args cannot be sent to the ranks ({e}). Pass "
-                         "tensors, numbers and plain data; create anything else inside fn.") from e
 
 
 # --------------------------------------------------------------------------------- under torchrun

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import forkserver
 from helpers import spawn as launcher
 from helpers import stacks
 from helpers.spawn import SpawnError, SpawnTimeout, spawn
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def alive(pid):
-    return launcher._alive(pid)
+    return forkserver.alive(pid)
 
 
 def wait_gone(pids, within=5.0):
@@ -184,7 +185,7 @@ def test_a_hang_shows_where_each_stuck_rank_was_waiting_and_leaves_no_file(tmp_p
     assert "Rank 1" not in message  # it had returned: nothing to show
     assert "_worker.py" not in message
     assert wait_gone(read_pids(tmp_path, 3))
-    assert not [f for f in os.listdir(launcher._tmpdir()) if f.endswith(".stack")]
+    assert not [f for f in os.listdir(forkserver.tmpdir()) if f.endswith(".stack")]
 
 
 def test_a_stack_dump_is_read_as_the_frames_of_the_thread_that_ran_fn():
@@ -270,7 +271,7 @@ def test_bad_arguments_are_refused_before_any_process_starts(monkeypatch, kwargs
     if kwargs.get("backend") == "nccl":
         kwargs["world_size"] = launcher.gpu_count() + 1
     started = []
-    monkeypatch.setattr(launcher, "_server", lambda: started.append(1))
+    monkeypatch.setattr(forkserver, "server", lambda: started.append(1))
     fn = kwargs.pop("fn", lambda rank, world_size: None)
     with pytest.raises(ValueError, match=words):
         spawn(fn, **kwargs)
@@ -284,7 +285,7 @@ def test_ranks_are_forks_of_a_server_that_imported_torch_not_of_the_caller():
         return os.getppid(), torch.cuda.is_initialized()
 
     out = spawn(fn, 2)
-    server = launcher.server_pid()
+    server = forkserver.server_pid()
     assert server is not None and server != os.getpid()
     assert all(ppid == server for ppid, _ in out)
     assert not any(cuda for _, cuda in out)
