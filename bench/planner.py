@@ -1,7 +1,7 @@
 """Goal of lecture 13: the planner's predicted step time of the 3D-parallel tiny GPT (notebooks/nd3d.py)
 against the measured one, median relative error over the configurations run here <= 25 %.
 
-    .venv/bin/python bench/planner.py [--world-size 2] [--rounds 3] [--steps 8] [--dim 64 --seq 32 --batch 16]
+    .venv/bin/python bench/planner.py [--world-size 2] [--rounds 3] [--steps 5] [--dim 64 --seq 32 --batch 16]
 
 On K ranks (2 by default; 4 also runs, on a 2-core machine oversubscribed, and says so) it runs, in
 `rounds` rounds, (1) this machine's figures with K ranks busy at once: compute t = c0 + F/R fitted to the
@@ -10,11 +10,15 @@ rank, c0 a pass's fixed cost), alpha and B of a ring step (an all-reduce sweep, 
 method, helpers.bench) and of a message (send_recv); (2) nd3d.train for every (dp, tp, pp) of K ranks
 that the model allows, timed per step on every rank (the slowest rank per step, medians), each run
 checked afterwards against the single process (nd3d.check, float64, 1e-12), every round. The planner predicts each
-configuration's step from (1) (helpers.planner.tiny_step_time); the table prints predicted, measured
+configuration's step from (1) (helpers.planner.tiny_step_time, the planner's step_time on this machine's
+figures). The defaults are lecture 13's section 4.1 parameters (PLAN_DIM, PLAN_SEQ_TINY, PLAN_BATCH_TINY,
+PLAN_MICRO, PLAN_STEPS, PLAN_ROUNDS) and the measurement is its functions (planner.run_rank, planner.compare); the table prints predicted, measured
 (medians, the series' convention: the goal's figure), error, and the median relative error against the
 goal; a second line gives the same with the fastest figures and steps instead of medians (interference
 from other work only adds time), for comparison. It prints the load average: on a shared machine other
-work slows both the runs and the measured figures, by different amounts. It asserts no timing.
+work slows both the runs and the measured figures, by different amounts. It asserts no timing. Last, the paper check of section 4.2 (helpers.paper): the planner's median
+|error| against Narayanan et al. 2021's Table 1 with its efficiency fitted on one row, beside a constant's
+and the trend's.
 """
 import argparse
 import os
@@ -37,7 +41,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, nargs="+", default=[2])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8, help="steps per run (the first untimed)")
+    ap.add_argument("--steps", type=int, default=5, help="steps per run (the first untimed)")
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--seq", type=int, default=32)
@@ -81,6 +85,12 @@ def main():
     med = statistics.median(errors)
     print(f"median relative error over {len(errors)} configurations = {med:.1%}  (goal <= {GOAL:.0%}; "
           f"{'met' if med <= GOAL else 'not met'} in this run)")
+    from helpers import paper
+    rows = paper.compare()
+    skill = paper.skill(rows)
+    print(f"paper, Table 1, efficiency {rows[0]['efficiency']:.3f} fitted on {rows[paper.FIT_ROW]['model']}: "
+          f"median |error| over the other {len(rows) - 1} rows: planner {skill['error']:.1%}, "
+          f"constant {skill['constant error']:.1%}, trend {skill['trend error']:.1%}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tests of helpers/planner.py and helpers/paper.py: memory and time computed by hand, feasibility rules,
+"""Tests of helpers/planner.py (with planner_counts.py, planner_machine.py) and helpers/paper.py: memory,
+traffic and time computed by hand, the overlap cap, the efficiency fitted and the baselines, feasibility rules,
 ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
 the alpha-beta inversion, and the paper's table against itself. Fast: no process group."""
 import math
@@ -50,25 +51,74 @@ def test_activation_formulas():
 
 def test_step_time_by_hand():
     t = planner.step_time(TOY, CLUSTER, 4, 1, 2, 2, 2, zero=1, recompute="none")
-    one_forward = 24 * 4 * 4 * 4 * 64 * (1 + 4 / 48)    # 24 B s l h^2 (1 + s/6h) = 106496
-    flops = 3 * one_forward + 6 * 4 * 4 * 8 * 16         # + logits 6 B s h V
-    assert t["compute"] == pytest.approx(flops / (8 * 1000 * 0.5))          # 82.944
+    one_forward = 24 * 1 * 4 * 4 * 64 * (1 + 4 / 48)     # 24 b s l h^2 (1 + s/6h), b = 1: 26624
+    per_layer, head = 3 * one_forward / 4, 6 * 1 * 4 * 8 * 16      # 19968 a layer; logits 6 b s h V
+    stage = 2 * per_layer / 2 + head / 2                  # the last stage: L/p = 2 layers / tp + head / tp
+    assert planner.stage_flops(TOY, 1, 2, 2) == stage == 21504
+    assert t["compute"] == pytest.approx(2 * stage / (1000 * 0.5))          # m = 2: 86.016
     ar_tp = 2 * 1 * (0.5 + 64 / (2 * 100))                # ring all-reduce of 2bsh = 64 B on 2 ranks
     assert t["tensor"] == pytest.approx(2 * 2 * 4 * ar_tp)                  # L/pp * m * 4 * 1.64
     assert t["p2p"] == pytest.approx(2 * 2 * (1.0 + 64 / 2 / 10))           # 8 GPUs > a node: network
-    assert t["bubble"] == pytest.approx((2 - 1) / 2 * (82.944 + 26.24 + 16.8))
-    assert t["data"] == pytest.approx(2 * 1 * (0.5 + 564 / (2 * 100)))      # stage 0's 282 bf16 params, inside the node
-    assert t["total"] == pytest.approx(82.944 + 26.24 + 16.8 + 62.992 + 6.64)
+    assert t["bubble"] == pytest.approx((2 - 1) / 2 * (86.016 + 26.24 + 16.8))
+    # ZeRO-1: reduce-scatter + all-gather of stage 0's 282 bf16 params inside the node = one all-reduce
+    assert t["data"] == pytest.approx(2 * 1 * (0.5 + 564 / (2 * 100)))
+    assert t["total"] == pytest.approx(86.016 + 26.24 + 16.8 + 64.528 + 6.64)
+    # with p = 1 the busiest stage is the average: the step's executed FLOPs over the GPUs
+    one = planner.step_time(TOY, CLUSTER, 8, 1, 2, 4, 1, zero=0, recompute="full")
+    assert one["compute"] == pytest.approx(planner.executed_flops(TOY, 8, "full") / (8 * 1000 * 0.5))
 
 
-def test_zero_traffic_and_overlap():
-    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)                  # m = 4
-    ag = 1 * (0.5 + 564 / (2 * 100))                      # gather / reduce-scatter of 564 B on 2 ranks
-    assert planner.step_time(*args, zero=0, recompute="none")["data"] == pytest.approx(2 * ag)
-    assert planner.step_time(*args, zero=2, recompute="none")["data"] == pytest.approx(4 * ag + ag)
-    assert planner.step_time(*args, zero=3, recompute="none")["data"] == pytest.approx(4 * 3 * ag)
-    assert planner.step_time(*args, zero=3, recompute="full")["data"] == pytest.approx(4 * 4 * ag)
-    assert planner.step_time(*args, zero=0, recompute="none", overlap=0.75)["data"] == pytest.approx(0.5 * ag)
+def test_traffic_by_hand():
+    # dp = tp = pp = 2, batch 8, b = 1: m = 4 micro-batches; a = 2 b s h = 64 B; stage 0: 2 layers of
+    # (1000 - 128)/4/2 = 109 params per GPU and the word embedding 128/2: 282 params, 564 B
+    f = lambda **kw: planner.traffic(TOY, 8, 1, 2, 2, 2, **kw)     # noqa: E731
+    t = f(recompute="none")
+    assert t["tensor"] == {"calls": 32, "bytes": 32 * 64, "kind": {"all_reduce": 32},
+                           "kind_bytes": {"all_reduce": 32 * 64}}             # 2 layers x 4 x m
+    assert f(recompute="full")["tensor"]["kind"] == {"all_reduce": 48}        # + 2 in the recomputation
+    sp = f(recompute="none", sequence_parallel=True)["tensor"]
+    assert sp["kind"] == {"all_gather": 32, "reduce_scatter": 32} and sp["bytes"] == 64 * 64
+    assert t["pipeline"]["kind"] == {"send": 8} and t["pipeline"]["bytes"] == 8 * 32   # 2 m sends of a/t
+    assert f(recompute="none", chunks=2)["pipeline"]["calls"] == 16
+    assert t["data"]["kind_bytes"] == {"all_reduce": 564} and t["data"]["calls"] == 1          # ZeRO-0
+    assert f(zero=1)["data"]["kind_bytes"] == {"reduce_scatter": 564, "all_gather": 564}
+    assert f(zero=2)["data"]["kind"] == {"reduce_scatter": 4, "all_gather": 1}
+    z3 = f(zero=3, recompute="none")["data"]
+    assert z3["kind"] == {"all_gather": 4 * (2 * 2 + 1), "reduce_scatter": 4 * 3}    # layers x 2 + root
+    assert z3["kind_bytes"] == {"all_gather": 4 * (2 * 2 * 218 + 128), "reduce_scatter": 4 * 564}
+    assert f(zero=3, recompute="full")["data"] == z3                 # FSDP2: no gather for recomputation
+    none = planner.traffic(TOY, 8, 1, 8, 1, 1)
+    assert all(d["calls"] == 0 == d["bytes"] for k, d in none.items() if k != "data")
+
+
+def test_step_time_takes_its_traffic_from_traffic(monkeypatch):
+    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)
+    t = planner.step_time(*args, zero=3, recompute="none")  # 20 gathers, 12 reduce-scatters on 2 ranks
+    assert t["data"] == pytest.approx(20 * 0.5 + 4000 / 200 + 12 * 0.5 + 2256 / 200)
+    assert t["traffic"] == planner.traffic(*args[:1], *args[2:], zero=3, recompute="none")
+    # negative control: a traffic() that doubles every S changes every communication term
+    real = planner.traffic
+    doubled = lambda *a, **k: {d: dict(v, kind_bytes={n: 2 * b for n, b in v["kind_bytes"].items()})  # noqa: E731
+                               for d, v in real(*a, **k).items()}
+    monkeypatch.setattr(planner, "traffic", doubled)
+    t2 = planner.step_time(*args, zero=3, recompute="none")
+    assert all(t2[k] > t[k] for k in ("tensor", "p2p", "data")) and t2["compute"] == t["compute"]
+
+
+def test_overlap_is_capped_by_the_backward():
+    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)
+    data = planner.step_time(*args, zero=3, recompute="none")["data"]        # 47.28 s, nothing hidden
+    assert planner.backward_share(TOY, 1, 2, 2, "none") == pytest.approx(2 / 3)
+    assert 0.7 < planner.backward_share(TOY, 1, 2, 2, "full") < 0.75          # + the recomputed forward
+    # compute 172 s: the backward's 115 s hide all of it at overlap 1, 3/4 of it at 0.75
+    assert planner.step_time(*args, zero=3, recompute="none", overlap=1.0)["data"] == 0.0
+    assert planner.step_time(*args, zero=3, recompute="none", overlap=0.75)["data"] == pytest.approx(data / 4)
+    # a GPU 100 x faster: compute 1.72 s, its backward 1.15 s; the traffic exceeds it and only that is hidden
+    fast = dict(CLUSTER, peak_flops=1e5)
+    t = planner.step_time(TOY, fast, 8, 1, 2, 2, 2, zero=3, recompute="none", overlap=1.0)
+    assert t["compute"] < data and t["hidden"] == pytest.approx(2 / 3 * t["compute"])
+    assert t["data"] == pytest.approx(data - 2 / 3 * t["compute"]) and t["data"] > 0.9 * data
+    assert t["total"] >= data                              # never faster than its own traffic
 
 
 def test_flops_formulas():
@@ -141,6 +191,8 @@ def test_slow_network_keeps_gradients_inside_the_node():
 def test_ring_costs_are_the_helpers():
     # one definition of lecture 02's ring formulas in the series
     assert planner.ring_all_reduce is cost.ring_all_reduce and planner.ring_all_gather is cost.ring_all_gather
+    from helpers import planner_counts
+    assert planner_counts.COST["reduce_scatter"] is cost.ring_reduce_scatter
 
 
 # ------------------------------------------------------------- small-model mode (nd3d's tiny GPT)
@@ -177,6 +229,18 @@ def test_tiny_step_by_hand():
     assert one["total"] == pytest.approx(planner.executed_flops(planner.tiny_model(CFG), 8) / 1e9)
 
 
+def test_tiny_step_is_the_planners_step_time(monkeypatch):
+    # one model: the small-model mode is step_time on the machine's figures, traffic and bubble included
+    t = planner.tiny_step_time(CFG, MACHINE, dp=2, tp=2, pp=1, micro_batches=2)
+    assert t["traffic"]["tensor"]["kind"] == {"all_reduce": 4 * 4 * 2}      # 4 per block, 4 blocks, m = 2
+    assert t["traffic"]["data"]["kind"] == {"all_reduce": 1}
+    same = planner.step_time(planner.tiny_model(CFG), planner.machine_cluster(MACHINE), 8, 2, 2, 2, 1,
+                             zero=0, recompute="none", element=8)
+    assert t == same
+    monkeypatch.setattr(planner, "step_time", lambda *a, **k: {"total": -1.0})   # a changed model
+    assert planner.tiny_step_time(CFG, MACHINE, 2, 2, 1, 2) == {"total": -1.0}  # ... is the tiny one too
+
+
 def test_tiny_gradient_bytes_match_the_model():
     # dp's all-reduce carries this rank's gradients: count them on the model, split as nd3d splits
     # (qkv and mlp.0 by rows, proj and mlp.2 weights by columns, the rest whole)
@@ -207,13 +271,36 @@ def test_ring_link_inverts_the_ring_model():
 
 def test_paper_table_and_comparison():
     paper.check_table()
-    rows = paper.compare(0.6)
+    rows = paper.compare()
     assert len(rows) == len(paper.TABLE1) == 10
     assert all(math.isfinite(r["predicted TF/s"]) and r["rank_n"] for r in rows)
-    # their 310B layout is the planner's first choice; a faster GPU setting moves every row up
-    assert next(r for r in rows if r["model"] == "310.1B")["rank_n"] == 1
-    faster = paper.compare(0.7)
-    assert all(f["predicted TF/s"] > r["predicted TF/s"] for f, r in zip(faster, rows))
+    fitted = rows[paper.FIT_ROW]
+    assert fitted["fitted"] and abs(fitted["error"]) < 1e-6 and fitted["constant error"] == 0
+    assert 0.3 < fitted["efficiency"] < 0.7
+    # negative control: an efficiency not fitted misses the fitted row; a faster GPU moves every row up
+    off = paper.compare(0.9 * fitted["efficiency"])
+    assert off[paper.FIT_ROW]["error"] < -0.05
+    assert all(f["predicted TF/s"] > r["predicted TF/s"] for f, r in zip(rows, off))
+    # the trend: a least-squares line in log(params) without the row, computed independently
+    import numpy as np
+    x, y = np.log([r[0] for r in paper.TABLE1]), np.array([r[8] for r in paper.TABLE1], float)
+    for i, r in enumerate(rows):
+        keep = np.arange(len(x)) != i
+        line = np.polyfit(x[keep], y[keep], 1)
+        assert r["trend error"] == pytest.approx(np.polyval(line, x[i]) / y[i] - 1)
+    skill = paper.skill(rows)
+    assert skill["error"] == pytest.approx(np.median([abs(r["error"]) for r in rows if not r["fitted"]]))
+    assert next(r for r in rows if r["model"] == "76.1B")["choice"] == "forced"      # 1 layout of 1
+
+
+def test_choice_marks_forced_ties_and_picks():
+    ranked = lambda *ts: [{"time": {"total": t}} for t in ts]   # noqa: E731
+    assert paper.choice(ranked(1.0), 1) == "forced"
+    assert paper.choice(ranked(1.0, 1.01, 1.5), 2) == "tie of 2"
+    assert paper.choice(ranked(1.0, 1.01, 1.5), 1) == "tie of 2"
+    assert paper.choice(ranked(1.0, 1.1), 1) == "pick"
+    assert paper.choice(ranked(1.0, 1.1), 2) == "not chosen, +10%"
+    assert paper.choice(ranked(1.0), None) == "does not fit"
 
 
 def test_compare_recovers_a_machine_that_follows_the_model():

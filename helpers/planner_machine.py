@@ -1,0 +1,146 @@
+"""This machine as the planner's cluster (lecture 13, section 4.1): compute, alpha and B measured in the
+ranks (machine_rank, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
+predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
+check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
+from helpers.cost import fit_alpha_beta
+from helpers.planner_counts import executed_flops
+
+
+# ------------------------------------------- this machine: measured alpha, B, FLOP/s (lecture 03)
+
+def ring_link(rows):
+    """(alpha, B) of one ring step from nccl-tests-style all-reduce rows (helpers.bench.sweep): the
+    fit t = a + b n inverted through the ring model t = 2(K-1)(alpha + n/(K B)) (lecture 02)."""
+    k = rows[0]["world_size"]
+    fit = fit_alpha_beta([r["size"] for r in rows], [r["time_us"] * 1e-6 for r in rows])
+    return fit.alpha / (2 * (k - 1)), 2 * (k - 1) / k * fit.bandwidth   # inf when no size term shows
+
+
+def p2p_link(rows):
+    """(alpha, B) of one message from send_recv rows: t = alpha + n/B."""
+    fit = fit_alpha_beta([r["size"] for r in rows], [r["time_us"] * 1e-6 for r in rows])
+    return fit.alpha, fit.bandwidth
+
+
+def tiny_model(cfg, head_split=False):
+    """The planner's model dict of nd3d's tiny GPT (cfg: vocab, dim, heads, depth, seq, batch), its
+    parameters placed as nd3d places them: per block the column- and row-parallel weights and the
+    column-parallel biases split over tp (12 h^2 + 7 h), the norms and the row-parallel biases whole
+    (6 h); token and position embeddings whole on the first stage; the head (h V + V, split if
+    head_split) and the final norm (2 h) on the last; a pipeline send carries the whole activation."""
+    h, V = cfg["dim"], cfg["vocab"]
+    return {"layers": cfg["depth"], "hidden": h, "heads": cfg["heads"], "vocab": V, "seq": cfg["seq"],
+            "params": None, "layer_split": 12 * h * h + 7 * h, "layer_whole": 6 * h,
+            "embed": (V + cfg.get("max_seq", 64)) * h, "embed_split": False, "head": h * V + V,
+            "head_split": head_split, "head_whole": 2 * h, "p2p_split": False}
+
+
+def machine_cluster(machine):
+    """This machine's figures (machine_figures) as a planner cluster: R FLOP/s per rank at efficiency
+    1, the pass's fixed cost c0, the ring step's alpha and B on every link (one "node"), the message's
+    alpha and B for the pipeline's sends."""
+    return {"gpus_per_node": machine.get("ranks", 1), "nodes": 1, "memory": float("inf"),
+            "peak_flops": machine["flops"], "efficiency": 1.0, "c0": machine.get("c0", 0.0),
+            "intra_bw": machine["ar_bw"], "intra_alpha": machine["ar_alpha"],
+            "inter_bw": machine["ar_bw"], "inter_alpha": machine["ar_alpha"],
+            "p2p_bw": machine["p2p_bw"], "p2p_alpha": machine["p2p_alpha"]}
+
+
+def machine_rank(rank, world_size, cfg, sizes, iters=5, dtype="float64"):
+    """In every rank at once (inside helpers.spawn): the single-process tiny GPT's step (forward and
+    backward) timed at the whole batch and its halvings down to batch/(2K), while the other ranks run
+    it too (they share the cores and memory, as in a run); then all_reduce and send_recv swept as
+    nccl-tests does (helpers.bench). Returns {batch: [seconds per call]} and the sweep."""
+    import torch
+    import torch.distributed as dist
+
+    from helpers import bench, timing, tiny
+    from helpers.spawn import device
+    dev, dt = device(), getattr(torch, dtype)
+    gpt = tiny.transformer(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["depth"], dtype=dt, device=dev)
+    ids, targets = tiny.tokens(cfg["batch"], cfg["seq"], cfg["vocab"], device=dev)
+    steps, n = {}, cfg["batch"]
+    while n >= max(1, cfg["batch"] // (2 * world_size)):
+        def step(n=n):
+            gpt.zero_grad()
+            tiny.lm_loss(gpt(ids[:n]), targets[:n]).backward()
+        dist.barrier()
+        steps[n] = timing.measure(step, warmup=1, iters=iters, device=dev)
+        n //= 2
+    plan = [(kind, kind, None) for kind in ("all_reduce", "send_recv")]
+    return {"step_s": steps, "sweep": bench.measure_rank(rank, world_size, plan, sizes, 2, iters, dtype, rounds=3)}
+
+
+def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
+    """This machine as the small-model mode needs it, from machine_rank's per-rank results: compute
+    t = c0 + F/R fitted to the steps' executed FLOPs F and times (the slowest rank's `stat` over its
+    calls), the alpha-beta form of a link (lecture 03): R the FLOP/s per rank, c0 a pass's fixed cost
+    (Python and the ops' dispatch, as a GPU's kernel launches); (alpha, B) of a ring step and of a
+    message, fitted to each size's `stat` over the sweep's rounds. stat: statistics.median by default."""
+    import statistics
+
+    from helpers import bench
+    stat = stat or statistics.median
+    rows = bench.combine([r["sweep"] for r in per_rank], len(per_rank), dtype)
+    rows = [dict(r, time_us=stat(r["times_us"])) for r in rows]
+    batches = sorted(per_rank[0]["step_s"])
+    seconds = [max(stat(r["step_s"][n]) for r in per_rank) for n in batches]
+    compute = fit_alpha_beta([executed_flops(tiny_model(cfg), n) for n in batches], seconds)
+    ar_alpha, ar_bw = ring_link([r for r in rows if r["kind"] == "all_reduce"])
+    p2p_alpha, p2p_bw = p2p_link([r for r in rows if r["kind"] == "send_recv"])
+    return {"ranks": len(per_rank), "flops": compute.bandwidth, "c0": compute.alpha, "ar_alpha": ar_alpha,
+            "ar_bw": ar_bw, "p2p_alpha": p2p_alpha, "p2p_bw": p2p_bw, "element": 8 if dtype == "float64" else 4,
+            "rows": rows, "steps": dict(zip(batches, seconds))}
+
+
+# ---------------------------------------------------- small-model mode: nd3d.train's 3D step
+
+def tiny_step_time(cfg, machine, dp, tp, pp, micro_batches, head_split=False):
+    """Predicted seconds of one step of nd3d.train on this machine, broken down: planner.step_time
+    itself, on tiny_model(cfg) and machine_cluster(machine), in the machine's element (float64: 8
+    bytes), without recomputation or ZeRO. So per micro-batch of b = batch/(dp m) samples the busiest
+    (last) stage spends c0/pp plus its FLOPs over R, 4 all-reduces of b s h elements per block over tp
+    (f/g, lecture 07) and one activation each way to its neighbour; m + p - 1 such slots (lecture
+    08); then one ring all-reduce of the fullest stage's gradients over dp (lecture 05)."""
+    from helpers.planner import step_time
+    b = cfg["batch"] // (dp * micro_batches)
+    return step_time(tiny_model(cfg, head_split), machine_cluster(machine), cfg["batch"], b, dp, tp, pp,
+                     zero=0, recompute="none", element=machine["element"])
+
+
+# --------------------------------------------- the check: predicted against measured, one launch
+
+def run_rank(rank, world_size, train, cfg, configs, steps, micro_batches, rounds, sizes, iters=5):
+    """In every rank (inside helpers.spawn): `rounds` rounds of this machine's figures (machine_rank)
+    followed by train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=True) for each
+    configuration, so that a change of the machine's load falls on figures and runs alike."""
+    out = {"machine": [], "runs": []}
+    for _ in range(rounds):
+        out["machine"].append(machine_rank(rank, world_size, cfg, sizes, iters))
+        out["runs"].append({c: train(rank, world_size, *c, cfg, steps, micro_batches, timed=True) for c in configs})
+    return out
+
+
+def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
+    """From run_rank's results: this machine's figures (machine_figures over all rounds pooled), and per
+    configuration the predicted and measured step (the slowest rank per step, `stat` over every step of
+    every round after `warmup_steps`), the relative error and the prediction's terms; and the median
+    |relative error| over the configurations. stat: statistics.median (the series' convention, the
+    default) or min (the fastest: interference from other work only adds time)."""
+    import statistics
+    stat = stat or statistics.median
+    n = len(per_rank[0]["machine"])
+    pooled = [{"step_s": {b: [t for m in r["machine"] for t in m["step_s"][b]] for b in r["machine"][0]["step_s"]},
+               "sweep": dict(r["machine"][0]["sweep"], rows=[
+                   dict(row, times=[t for m in r["machine"] for t in m["sweep"]["rows"][i]["times"]])
+                   for i, row in enumerate(r["machine"][0]["sweep"]["rows"])])} for r in per_rank]
+    machine = machine_figures(pooled, cfg, stat)
+    rows = []
+    for c in per_rank[0]["runs"][0]:
+        steps = [max(ts) for i in range(n)
+                 for ts in list(zip(*(r["runs"][i][c]["step_s"] for r in per_rank)))[warmup_steps:]]
+        measured, pred = stat(steps), tiny_step_time(cfg, machine, *c, micro_batches)
+        rows.append({"dp,tp,pp": ",".join(map(str, c)), "predicted ms": 1e3 * pred["total"],
+                     "measured ms": 1e3 * measured, "error": pred["total"] / measured - 1,
+                     **{k: 1e3 * pred[k] for k in ("compute", "tensor", "p2p", "bubble", "data")}})
+    return machine, rows, statistics.median(abs(r["error"]) for r in rows)
