@@ -1,4 +1,4 @@
-"""A planner for N-D parallel training (lecture 13): memory per GPU and step time of every (dp, tp, pp)
+"""A planner for N-D parallel training (lecture 14): memory per GPU and step time of every (dp, tp, pp)
 layout, ZeRO stage, micro-batch size and recomputation, from the lectures' formulas only.
 
     from helpers import planner
@@ -115,6 +115,11 @@ def _link(cluster, span):
     return cluster["inter_bw"], cluster["inter_alpha"]
 
 
+def _only(dim, kind):
+    """The calls of one kind of a traffic() entry, as an entry comm_time prices."""
+    return {"kind": {kind: dim["kind"][kind]}, "kind_bytes": {kind: dim["kind_bytes"][kind]}}
+
+
 def backward_share(model, micro_batch, tp, pp, recompute):
     """The share of a stage's compute that runs after its forward (the backward and, with
     recomputation, the recomputed forward in it): 2/3 without recomputation, 3/4 with a full one."""
@@ -129,8 +134,9 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
     on the link its group spans (the pipeline's sends on p2p_bw / p2p_alpha when the cluster has them);
     the pipeline runs m v + p - 1 slots of (compute + tensor + sends) / (m v) (lecture 08); the data-
-    parallel traffic comes last, and `overlap` of it is hidden behind the backward compute, at most
-    all of that compute (backward_share): the rest is exposed."""
+    parallel traffic comes last, and `overlap` of what a backward can hide ("overlappable": all of it
+    but ZeRO-1/2's parameter all-gather) is hidden, at most the backward compute it runs beside
+    (backward_share; ZeRO-0/1's once-per-step reduction: the last micro-batch's): the rest is exposed."""
     g, m = dp * tp * pp, global_batch // (dp * micro_batch)
     rate = cluster["peak_flops"] * cluster["efficiency"]
     flops = stage_flops(model, micro_batch, tp, pp, recompute)
@@ -141,12 +147,22 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     link = _link(cluster, g if pp > 1 else 1)
     p2p = comm_time(moved["pipeline"], 2, cluster.get("p2p_bw", link[0]), cluster.get("p2p_alpha", link[1]))
     bubble = (pp - 1) / (m * chunks) * (compute + tensor + p2p)
-    data = comm_time(moved["data"], dp, *_link(cluster, tp * dp))
-    hidden = min(overlap * data, compute * backward_share(model, micro_batch, tp, pp, recompute))
+    data_link = _link(cluster, tp * dp)
+    data = comm_time(moved["data"], dp, *data_link)
+    # What a backward can hide: the gradients' reduction (ZeRO-3: also the gathers FSDP2 prefetches),
+    # not ZeRO-1/2's all-gather of the updated parameters, which follows the optimizer step; and a
+    # reduction issued once per step (ZeRO-0/1: after gradient accumulation) overlaps only the last
+    # micro-batch's backward, one issued per micro-batch (ZeRO-2/3) every micro-batch's.
+    after_step = moved["data"]["kind"].get("all_gather", 0) if zero in (1, 2) else 0
+    overlappable = data - (comm_time(_only(moved["data"], "all_gather"), dp, *data_link)
+                           if after_step else 0.0)
+    window = compute * backward_share(model, micro_batch, tp, pp, recompute) / (m if zero <= 1 else 1)
+    hidden = min(overlap * overlappable, window)
     exposed = data - hidden
     total = compute + tensor + p2p + bubble + exposed
     return {"compute": compute, "tensor": tensor, "p2p": p2p, "bubble": bubble, "data": exposed,
-            "hidden": hidden, "total": total, "micro_batches": m, "traffic": moved}
+            "hidden": hidden, "overlappable": overlappable, "total": total, "micro_batches": m,
+            "traffic": moved}
 
 
 # ---------------------------------------------------------------------------------- the plan

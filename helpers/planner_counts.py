@@ -1,4 +1,4 @@
-"""The planner's counts (lecture 13): FLOPs, parameters per pipeline stage, and the collective calls and
+"""The planner's counts (lecture 14): FLOPs, parameters per pipeline stage, and the collective calls and
 bytes of one training step per GPU, per dimension (`traffic`). helpers/planner.py turns them into
 memory and time; helpers/planner_machine.py into this machine's prediction. Import them through
 `from helpers import planner` (planner.traffic, planner.param_count, ...).

@@ -1,4 +1,4 @@
-"""This machine as the planner's cluster (lecture 13, section 4.1): compute, alpha and B measured in the
+"""This machine as the planner's cluster (lecture 14, section 3): compute, alpha and B measured in the
 ranks (machine_rank, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
 predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
 check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
@@ -144,3 +144,57 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
                      "measured ms": 1e3 * measured, "error": pred["total"] / measured - 1,
                      **{k: 1e3 * pred[k] for k in ("compute", "tensor", "p2p", "bubble", "data")}})
     return machine, rows, statistics.median(abs(r["error"]) for r in rows)
+
+
+# ------------------------------------- the lecture's and the bench's check: one way to measure
+
+def configurations(k, cfg, micro_batches):
+    """Every (dp, tp, pp) with dp*tp*pp = k that nd3d's tiny GPT splits into: tp dividing the heads,
+    pp the depth, and every data-parallel rank getting whole micro-batches."""
+    return [(k // (tp * pp), tp, pp) for tp in range(1, k + 1) for pp in range(1, k + 1)
+            if k % (tp * pp) == 0 and cfg["heads"] % tp == 0 and cfg["depth"] % pp == 0
+            and cfg["batch"] % (k // (tp * pp) * micro_batches) == 0]
+
+
+def measure(train, check, cfg, worlds, micro_batches, steps, rounds, sizes, backend="auto",
+            timeout=600):
+    """For each rank count k of `worlds`: one launch of k ranks running run_rank over every
+    configuration of k ranks (this machine's figures with k ranks busy at once, then the runs, in
+    `rounds` rounds); every run of every round checked against the single process afterwards
+    (check(results, cfg, steps), on one thread as each rank runs). Returns {k: per-rank results}."""
+    import torch
+
+    from helpers.spawn import spawn
+    out = {}
+    for k in worlds:
+        configs = configurations(k, cfg, micro_batches)
+        out[k] = spawn(run_rank, k, args=(train, cfg, configs, steps, micro_batches, rounds, sizes),
+                       backend=backend, timeout=timeout)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for i in range(rounds):
+                for c in configs:
+                    check([r["runs"][i][c] for r in out[k]], cfg, steps)
+        finally:
+            torch.set_num_threads(threads)
+    return out
+
+
+def summary(measured, cfg, micro_batches, stat=None):
+    """From measure()'s results: this machine's figures per rank count ({k: figures}), the rows of
+    every layout of every k (compare's rows, with "K"), the median |relative error| over all of them,
+    and the same median for each round alone (its own figures, its own runs): the spread of the
+    check over repeated runs."""
+    import statistics
+    machines, rows, per_round = {}, [], []
+    for k, per_rank in measured.items():
+        machines[k], k_rows, _ = compare(per_rank, cfg, micro_batches, stat)
+        rows += [{"K": k, **r} for r in k_rows]
+    for i in range(len(next(iter(measured.values()))[0]["runs"])):
+        errors = []
+        for per_rank in measured.values():
+            one = [{"machine": r["machine"][i:i + 1], "runs": r["runs"][i:i + 1]} for r in per_rank]
+            errors += [abs(r["error"]) for r in compare(one, cfg, micro_batches, stat)[1]]
+        per_round.append(statistics.median(errors))
+    return machines, rows, statistics.median(abs(r["error"]) for r in rows), per_round

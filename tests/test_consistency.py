@@ -56,7 +56,7 @@ by_name = pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 
 
 def test_every_lecture_is_here():
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(15)]
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(17)]
 
 
 @pytest.mark.parametrize("i", range(len(NOTEBOOKS)), ids=lambda i: NOTEBOOKS[i].name)

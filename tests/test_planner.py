@@ -303,18 +303,26 @@ def test_choice_marks_forced_ties_and_picks():
     assert paper.choice(ranked(1.0), None) == "does not fit"
 
 
-def test_compare_recovers_a_machine_that_follows_the_model():
-    # run_rank's results made from the model itself (2 ranks, 2 rounds): the fits give back c0, R,
-    # alpha and B, and every configuration's predicted step equals its "measured" one
+def _machine_that_follows_the_model():
+    """(truth, machine_rank's results) made from the model itself: c0, R, alpha and B known."""
     truth = dict(MACHINE, c0=2e-3)
     f = lambda n: planner.executed_flops(planner.tiny_model(CFG), n)   # noqa: E731
     sizes = [4096, 65536, 2 ** 20]
+
     def sweep(kind, model):
-        return [{"label": kind, "kind": kind, "size": n, "count": n // 8, "times": [model(n)], "wrong": 0} for n in sizes]
+        return [{"label": kind, "kind": kind, "size": n, "count": n // 8, "times": [model(n)],
+                 "wrong": 0} for n in sizes]
     machine = {"step_s": {n: [truth["c0"] + f(n) / truth["flops"]] * 3 for n in (8, 4, 2)},
                "sweep": {"host": "h", "backend": "gloo", "method": "nccl-tests", "iters": 5,
                          "rows": sweep("all_reduce", lambda n: cost.ring_all_reduce(n, 2, 1e9, 1e-4))
                          + sweep("send_recv", lambda n: 2e-4 + n / 5e8)}}
+    return truth, machine
+
+
+def test_compare_recovers_a_machine_that_follows_the_model():
+    # run_rank's results made from the model itself (2 ranks, 2 rounds): the fits give back c0, R,
+    # alpha and B, and every configuration's predicted step equals its "measured" one
+    truth, machine = _machine_that_follows_the_model()
     configs = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
     runs = {c: {"step_s": [planner.tiny_step_time(CFG, truth, *c, 2)["total"]] * 3} for c in configs}
     per_rank = [{"machine": [machine, machine], "runs": [runs, runs]}] * 2
@@ -324,3 +332,23 @@ def test_compare_recovers_a_machine_that_follows_the_model():
         assert got[key] == pytest.approx(truth[key], rel=1e-6), key
     assert [r["dp,tp,pp"] for r in rows] == ["2,1,1", "1,2,1", "1,1,2"]
     assert error == pytest.approx(0.0, abs=1e-6)
+
+
+def test_configurations_and_summary_pool_the_rank_counts():
+    # the lecture's and the bench's layouts: 6 of 4 ranks, 8 of 8 for the tiny GPT of section 3
+    from helpers import planner_machine
+    cfg = dict(CFG, dim=64, seq=32, batch=16, heads=4, depth=4)
+    assert len(planner_machine.configurations(4, cfg, 2)) == 6
+    assert len(planner_machine.configurations(8, cfg, 2)) == 8
+    assert (2, 2, 2) in planner_machine.configurations(8, cfg, 2)
+    # summary: rows of every k with "K", a median over all, and one median per round; a round whose
+    # runs take twice the model's time gives |error| 50 %, and the pooled median lies between
+    truth, machine = _machine_that_follows_the_model()
+    configs = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+    runs = [{c: {"step_s": [scale * planner.tiny_step_time(CFG, truth, *c, 2)["total"]] * 3} for c in configs}
+            for scale in (1.0, 2.0)]
+    per_rank = [{"machine": [machine, machine], "runs": runs}] * 2
+    machines, rows, median, per_round = planner_machine.summary({2: per_rank}, CFG, 2)
+    assert [r["K"] for r in rows] == [2, 2, 2] and set(machines) == {2}
+    assert per_round == [pytest.approx(0.0, abs=1e-6), pytest.approx(0.5, abs=1e-6)]
+    assert 0.0 < median < 0.5

@@ -19,6 +19,10 @@ import re
 import shutil
 import subprocess
 
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from helpers import images, site
@@ -181,6 +185,22 @@ def assert_offline_and_local(report, built_site, name):
         f"{name}'s banner states the machine the numbers come from; it shows {report['banner']!r}"
 
 
+def machine_paths(text):
+    """The traces of the build machine a rendered page must not show: this checkout's path, the
+    environment's, site-packages, temporary folders (Python's, spawn's, pytest's), a traceback."""
+    marks = [str(Path(__file__).resolve().parents[1]), sys.prefix, "site-packages",
+             "Traceback (most recent call last)", "pytest-of-", "/spawn-",
+             str(Path(tempfile.gettempdir()) / "tmp")]
+    return [m for m in marks if m in text]
+
+
+def test_machine_paths_are_found_in_a_page():
+    assert machine_paths("<p>all-reduce, 4 ranks, 12.3 ms</p>") == []
+    page = f"<pre>File {sys.prefix}/lib/python3/site-packages/torch/x.py</pre>"
+    assert sys.prefix in machine_paths(page) and "site-packages" in machine_paths(page)
+    assert machine_paths(f"wrote {tempfile.gettempdir()}/tmpab12cd/trace.json")
+
+
 def test_index_lists_every_lecture_in_order(browser, built_site):
     report, shot = browse(browser, built_site / "index.html")
     assert_screenshot_shows_something(shot, "index.html")
@@ -204,6 +224,8 @@ def test_page_loads_and_its_figures_render(browser, built_site, executed_dir, sr
     report, shot = browse(browser, page)
     name = page.name
     assert_screenshot_shows_something(shot, name)
+    shown = machine_paths(html.unescape(page.read_text(errors="replace")))
+    assert not shown, f"{name} shows paths of the machine that built it: {shown}"
     assert report["text"] > 1000, f"{name} shows almost no text"
     title = site.title_and_summary(src)[0]
     assert report["title"].startswith(title), f"{name}'s <title> begins with the lecture's title"

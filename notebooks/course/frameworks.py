@@ -1,4 +1,4 @@
-"""Lecture 14's pieces that later lectures reuse, exactly as notebooks/14_frameworks.ipynb shows them
+"""Lecture 15's pieces that later lectures reuse, exactly as notebooks/15_frameworks.ipynb shows them
 (its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
 import copy
 import torch

@@ -1,4 +1,4 @@
-"""Reference solutions for the exercises of lecture 13 (N-D parallelism on a device mesh, and a planner)."""
+"""Reference solutions for the exercises of lecture 13 (N-D parallelism on a device mesh)."""
 
 
 def mesh_layer_bytes(b, s, h, P, dp, tp, elem=2):
@@ -19,11 +19,11 @@ def mesh_peers(dp, tp, pp, rank):
             "pp": [at(j, idp, it) for j in range(pp)]}
 
 
-def memory_per_gpu(P, L, h, a, s, V, B, b, dp, tp, pp, zero):
-    """Exercise 3: bytes per GPU of the first stage, bf16 + Adam, ZeRO `zero`, no recomputation, SP on."""
-    local = (P - V * h) / (tp * pp) + V * h / tp               # its layers' share + the word embedding
-    states = (2 / (dp if zero >= 3 else 1) + 2 / (dp if zero >= 2 else 1) + 12 / (dp if zero >= 1 else 1)) * local
-    m = B // (dp * b)
-    acts = (L // pp) * min(pp, m) * s * b * h * (34 + 5 * a * s / h) / tp
-    working = 2 * 2 * 2 * 12 * h * h / tp if zero >= 3 else 0.0
-    return states + acts + working
+
+def tp_calls(L, m, sp, early_stop):
+    """Exercise 3: torch's calls on "tp" per step, full recomputation (section 4)."""
+    passes = L * m                                # layer-micro-batches
+    last = 2 + 2 + (1 if early_stop else 2)       # the reductions: forward, backward, recompute
+    if not sp:
+        return {"all_reduce": passes * last}
+    return {"all_gather": passes * 6, "reduce_scatter": passes * last, "all_reduce": passes * 4}

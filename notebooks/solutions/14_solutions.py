@@ -1,39 +1,24 @@
-"""Reference solutions for the exercises of lecture 14 (the frameworks around DDP)."""
+"""Reference solutions for the exercises of lecture 14 (a planner for N-D parallelism)."""
 
 
-def device0_bytes(P, X, O, k):
-    """(bytes device 0 sends, bytes it receives) in one DataParallel step."""
-    sends = (k - 1) * P + (k - 1) * (X + O) // k       # replicas, input and output-gradient chunks
-    receives = (k - 1) * P + (k - 1) * O // k          # gradient copies, output chunks
-    return sends, receives
+def memory_per_gpu(P, L, h, a, s, V, B, b, dp, tp, pp, zero):
+    """Exercise 1: bytes per GPU of the first stage, bf16 + Adam, ZeRO `zero`, no recomputation, SP on."""
+    local = (P - V * h) / (tp * pp) + V * h / tp               # its layers' share + the word embedding
+    states = (2 / (dp if zero >= 3 else 1) + 2 / (dp if zero >= 2 else 1)
+              + 12 / (dp if zero >= 1 else 1)) * local
+    m = B // (dp * b)
+    acts = (L // pp) * min(pp, m) * s * b * h * (34 + 5 * a * s / h) / tp
+    working = 2 * 2 * 2 * 12 * h * h / tp if zero >= 3 else 0.0
+    return states + acts + working
 
 
-def chunk_rows(n, k):
-    """Rows per chunk of torch.chunk(t, k) for a t of n rows."""
-    size = -(-n // k)                                  # ceil(n / k)
-    return [min(size, n - start) for start in range(0, n, size)]
+def exposed_data(data, after_step, compute, share, m, zero, overlap):
+    """Exercise 2: the hidden part is `overlap` of the traffic a backward can hide, at most the
+    backward compute it runs beside: the last micro-batch's (ZeRO-0/1), every one's (ZeRO-2/3)."""
+    window = share * compute / (m if zero <= 1 else 1)
+    return data - min(overlap * (data - after_step), window)
 
 
-def choose_strategy(n_params, gpu_bytes, n_gpus):
-    """Lightning's strategy= for this model on n_gpus GPUs of gpu_bytes each, or None."""
-    states = 16 * n_params                             # lecture 06: 2 + 2 + 12 bytes per parameter
-    if states <= gpu_bytes:
-        return "ddp"                                   # a whole replica fits: data parallel
-    if states / n_gpus <= gpu_bytes:
-        return "fsdp"                                  # fits once sharded over every GPU (ZeRO-3)
-    return None
-
-
-def parallel_apply_keeping_grad_mode(fns):
-    """parallel_apply(fns), each thread in the caller's grad mode."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    grad = torch.is_grad_enabled()                     # the caller's, read on the caller's thread
-
-    def run(fn):
-        with torch.set_grad_enabled(grad):             # set in the worker thread, as torch's _worker
-            return fn()
-    with ThreadPoolExecutor(len(fns)) as pool:
-        return list(pool.map(run, fns))
+def pipeline_time(compute, tensor, p2p, m, p):
+    """Exercise 3: m + p - 1 slots of one micro-batch's (compute + tensor + p2p)."""
+    return (m + p - 1) / m * (compute + tensor + p2p)

@@ -1,0 +1,55 @@
+"""The figures of lecture 14 (the planner): a plan's memory and time per layout, broken down
+(plan_bars), and the planner's step against the step measured here (check_bars). Drawing only:
+the numbers come from helpers.planner."""
+import matplotlib.pyplot as plt
+
+from helpers import plots
+
+TIME_TERMS = ("compute", "tensor", "p2p", "bubble", "data")
+MEMORY_TERMS = ("params", "grads", "optim", "activations", "working")
+
+
+def label(r):
+    """A configuration in two lines: its layout, then ZeRO, micro-batch and recomputation."""
+    return f"t{r['tp']} p{r['pp']} d{r['dp']}\nZ{r['zero']} b{r['micro_batch']} {r['recompute'][:3]}"
+
+
+def plan_bars(shown, memory, usable, title):
+    """Memory (GB per GPU of the first stage, with the GPU's memory and the usable part as lines)
+    and step time (s) of the configurations `shown`, each stacked by term."""
+    fig, (ax_m, ax_t) = plots.figure(ncols=2, width=12, height=4.2)
+    x = range(len(shown))
+    for ax, terms, key, scale in ((ax_m, MEMORY_TERMS, "memory", 1e-9), (ax_t, TIME_TERMS, "time", 1.0)):
+        bottom = [0.0] * len(shown)
+        for i, term in enumerate(terms):
+            values = [r[key][term] * scale for r in shown]
+            ax.bar(x, values, bottom=bottom, color=plots.COLORS[i], label=term)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(list(x), [label(r) for r in shown], fontsize=7)
+        ax.legend(fontsize=7)
+    ax_m.axhline(memory * 1e-9, color=plots.REFERENCE, ls="--", lw=1)
+    ax_m.axhline(usable * 1e-9, color=plots.REFERENCE, ls=":", lw=1)        # less the reserve
+    ax_m.set_ylabel("GB per GPU (first stage)")
+    ax_m.set_title("memory, best configuration of each layout")
+    ax_t.set_ylabel("seconds per step")
+    ax_t.set_title(title)
+    plt.show()
+
+
+def check_bars(rows, title):
+    """Per layout: the planner's step stacked by term (left) and the measured median (right)."""
+    fig, ax = plots.figure(width=11, height=3.8)
+    for j, r in enumerate(rows):
+        bottom = 0.0
+        for i, term in enumerate(TIME_TERMS):
+            ax.bar(j - 0.2, r[term], 0.4, bottom=bottom, color=plots.COLORS[i],
+                   label=None if j else term)
+            bottom += r[term]
+        ax.bar(j + 0.2, r["measured ms"], 0.4, color="white", edgecolor=plots.MEASURED, hatch="//",
+               label=None if j else "measured (median)")
+    ax.set_xticks(range(len(rows)), [f"K={r['K']}\n{r['dp,tp,pp']}" for r in rows], fontsize=7)
+    ax.set_ylabel("ms per step")
+    ax.set_xlabel("ranks K, then d,t,p")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    plt.show()

@@ -1,0 +1,124 @@
+"""Lecture 16 (checkpoints and failures): its shape, the restart program under torchrun, and its
+key measured claim with negative controls.
+
+The restart (section 4): notebooks/ckpt_train.py under `torchrun --max-restarts 1`, its last rank
+SIGKILLed once between a checkpoint's write and its rename; the restarted group resumes from the
+last committed checkpoint and every logged loss equals the uninterrupted run's, float64, exactly
+(`ckpt_bench.assert_resumed_equal`). Made wrong on purpose, it must fail: a resume that forgets the
+RNG state; a log whose run never restarted. A half-written (`.tmp`) folder is never chosen.
+
+The key measured claim (section 5): with a checkpoint cost C and exponential failures of mean M,
+the simulated interval of least wall time is within 15% of Young's sqrt(2 C M)
+(`ckpt_bench.assert_best_near_formula`). A simulation whose checkpoints cost 4 C (a C measured
+4 times too small) puts the best interval near 2 sqrt(2 C M): it must fail it.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from helpers import ckpt_bench, shape
+from helpers.spawn import spawn
+
+LECTURE = Path(shape.NOTEBOOKS) / "16_checkpoints.ipynb"
+SCRIPT = str(Path(shape.NOTEBOOKS) / "ckpt_train.py")
+sys.path.insert(0, str(shape.NOTEBOOKS))  # here and in the spawned ranks
+import ckpt_train  # noqa: E402
+
+STEPS, EVERY, KILL_AT = 8, 2, 4
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    log = ckpt_bench.torchrun(SCRIPT, str(run), STEPS, EVERY, kill_at=KILL_AT, timeout=240)
+    reference = spawn(ckpt_train.train, 2, args=(ckpt_train.CFG, STEPS), backend="gloo")[0]
+    return run, log, reference
+
+
+def test_the_restarted_run_equals_the_uninterrupted_one(restarted):
+    run, log, reference = restarted
+    ckpt_bench.assert_resumed_equal(log, reference)
+    assert [r["step"] for r in log if r["attempt"] == 1][0] == KILL_AT - EVERY + 1  # skipped .tmp
+    assert sorted(os.listdir(run)) == ["killed-once", "losses.jsonl"] + \
+        [f"step_{s:05d}" for s in range(EVERY, STEPS + 1, EVERY)]
+
+
+def test_a_log_without_a_restart_fails_it(restarted):
+    _, log, reference = restarted
+    with pytest.raises(AssertionError, match="no restart"):
+        ckpt_bench.assert_resumed_equal([r for r in log if r["attempt"] == 0], reference)
+
+
+def test_a_resume_without_the_rng_state_fails_it(restarted, tmp_path):
+    run, log, reference = restarted
+    shutil.copytree(run / "step_00002", tmp_path / "step_00002")
+    resumed = spawn(ckpt_train.train, 2, backend="gloo",
+                    args=(ckpt_train.CFG, STEPS, 0, str(tmp_path), None, None, None, False))[0]
+    wrong = [{"attempt": 1, "step": s, "loss": v} for s, v in resumed]
+    with pytest.raises(AssertionError, match="losses differ"):
+        ckpt_bench.assert_resumed_equal(log[:2] + wrong, reference)
+
+
+def test_a_half_written_checkpoint_is_never_chosen(tmp_path):
+    (tmp_path / "step_00004").mkdir()
+    (tmp_path / "step_00008.tmp").mkdir()
+    (tmp_path / "step_00012.tmp").mkdir()
+    (tmp_path / "losses.jsonl").write_text("")
+    assert ckpt_train.latest(str(tmp_path)) == (4, "step_00004")
+    assert ckpt_train.latest(str(tmp_path / "step_00008.tmp")) is None
+
+
+def _save_and_load(rank, world, path, load_world):
+    """One step and ckpt_train.save on `world` ranks, or (load_world) its resume; the full state."""
+    model, opt = ckpt_train.build(world, ckpt_train.CFG)
+    if load_world is None:
+        x, y = ckpt_train.local_batch(ckpt_train.CFG, rank, world, 0)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        ckpt_train.save(os.path.dirname(path), ckpt_train.training_state(model, opt, rank, 1), 1)
+    else:
+        ckpt_train.resume(os.path.dirname(path), model, opt, rank, restore_rng=False)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+
+
+def test_saved_on_4_loaded_on_3_is_exact(tmp_path):
+    path = str(tmp_path / "step_00001")
+    saved = spawn(_save_and_load, 4, args=(path, None), backend="gloo")[0]
+    loaded = spawn(_save_and_load, 3, args=(path, 3), backend="gloo")[0]
+    for k, v in saved[0].items():
+        assert torch.equal(v, loaded[0][k]), k
+    for k, s in saved[1]["state"].items():
+        for name, v in s.items():
+            assert torch.equal(v, loaded[1]["state"][k][name]), (k, name)
+    files = ckpt_bench.records(dcp.FileSystemReader(path).read_metadata())
+    assert sorted(files) == [f"__{r}_0.distcp" for r in range(4)]
+
+
+C, M = 0.03, 180.0   # a checkpoint of 30 ms, a failure every 3 minutes
+INTERVALS = ckpt_bench.young_daly(C, M) * np.geomspace(0.2, 5, 25)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_simulated_best_interval_is_young_daly(seed):
+    wall = ckpt_bench.simulate(INTERVALS, C, M, work=5000 * M, runs=8, seed=seed)
+    ckpt_bench.assert_best_near_formula(ckpt_bench.best_interval(INTERVALS, wall), C, M)
+
+
+def test_a_checkpoint_cost_4_times_larger_fails_it():
+    wall = ckpt_bench.simulate(INTERVALS, 4 * C, M, work=5000 * M, runs=8, seed=0)
+    with pytest.raises(AssertionError, match="off by more than"):
+        ckpt_bench.assert_best_near_formula(ckpt_bench.best_interval(INTERVALS, wall), C, M)
+
+
+def test_the_lecture_has_the_shape():
+    got = shape.shape(LECTURE)
+    assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
+    assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
+    assert got["wordy prints"] == 0 and got["chosen texts"] == 0
