@@ -156,3 +156,58 @@ def assert_best_near_formula(best, C, M, rtol=0.15):
     want = young_daly(C, M)
     assert abs(best / want - 1) <= rtol, \
         f"simulated best interval {best:.4g} s, sqrt(2 C M) = {want:.4g} s: off by more than {rtol:.0%}"
+
+
+
+def step_times(rank, world, n, rounds, root, work_s=0.1):
+    """Seconds per step of a loop that computes for about `work_s` and saves a state of `n` bytes
+    (split over the ranks): per round one step of each mode, "none", "sync" (dcp.save) and
+    "async" (dcp.async_save, awaited before the next round); the slowest rank's. The loop adds 1
+    to the state right after each save call. Returns ({mode: times}, every saved value was the
+    value at its call)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    torch.set_num_threads(1)
+    group = dist.new_group(backend="gloo")            # the saves' collectives: not the loop's
+    key = f"shard_{rank}"
+    state = {key: torch.zeros(max(1, n // world // 8), dtype=torch.float64)}
+    a, reps, t0 = torch.rand(256, 256, dtype=torch.float64), 0, time.perf_counter()
+    while time.perf_counter() - t0 < work_s:        # calibrate the compute to about work_s
+        a, reps = torch.tanh(a @ a), reps + 1
+    reps = torch.tensor([reps])
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)
+    times, saved, pending = {m: [] for m in ("none", "sync", "async")}, [], None
+    for i in range(rounds + 1):                      # round 0 warms up
+        for mode in times:
+            path = os.path.join(root, f"steps_{os.getppid()}_{mode}_{i}")
+            if pending is not None and mode == "sync":
+                pending.result()                     # one save in flight at a time
+            dist.barrier()
+            t0 = time.perf_counter()
+            if mode == "sync":
+                dcp.save(state, checkpoint_id=path, process_group=group)
+            elif mode == "async":
+                pending = dcp.async_save(state, checkpoint_id=path, process_group=group)
+            if mode != "none":
+                saved.append((path, state[key][0].item()))
+            state[key].add_(1.0)                     # the loop goes on changing the state
+            for _ in range(int(reps)):
+                a = torch.tanh(a @ a)
+            took = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            if i:
+                times[mode].append(took.item())
+    pending.result()
+    dist.barrier(group)
+    same = True
+    for path, value in saved:                        # each saved value is the one at its call
+        got = {key: torch.empty_like(state[key])}
+        dcp.load(got, checkpoint_id=path, process_group=group)
+        same &= bool((got[key] == value).all())
+    dist.barrier(group)
+    if rank == 0:
+        for path, _ in saved:
+            shutil.rmtree(path, ignore_errors=True)
+    return times, same

@@ -122,3 +122,11 @@ def test_the_lecture_has_the_shape():
     assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
     assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
     assert got["wordy prints"] == 0 and got["chosen texts"] == 0
+
+
+def test_an_async_save_holds_the_values_at_its_call(tmp_path):
+    """dcp.async_save's default stager copies before returning: the loop may change the state at
+    once, and every save still holds the values of its call (exact)."""
+    got = spawn(ckpt_bench.step_times, 2, args=(2**16, 2, str(tmp_path), 0.01), backend="gloo")
+    assert all(same for _, same in got)
+    assert {m: len(t) for m, t in got[0][0].items()} == {"none": 2, "sync": 2, "async": 2}
