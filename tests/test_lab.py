@@ -19,12 +19,13 @@ The lectures that run here are those with outputs Lab draws itself, where paperm
 them: every lecture with ipywidgets (an interact, the planner's controls: each is its own code, and
 its slider is moved), and, if those do not already show them, one lecture with a progress line
 (helpers.progress, which helpers.bench's sweep uses: a display updated in place) and one with a
-display update. Today that is 02, 08 and 13. Every lecture runs headless in
+display update. Today that is 02, 08 and 14. Every lecture runs headless in
 tests/test_notebooks.py, and for the others Lab's kernel, streams and figures work as they do here;
 running more of them twice would put `make test` past its 10 minutes (issue 20).
 `make test LAB=all` (the environment variable) runs every lecture here.
 
-The lectures run with SMOKE = True and WORLD_SIZE = 2, set by editing the text of the parameters cell
+The lectures run with SMOKE = True and WORLD_SIZE = 2 (or the fewest ranks a lecture accepts: 4 for
+14, whose check needs 4 ranks' layouts), set by editing the text of the parameters cell
 in Lab's notebook model before running: at full parameters a lecture measures for minutes on 2 cores,
 and what this test checks (Lab, kernel, widgets, figures) does not depend on the sizes or the rank
 count (run headless, 2 ranks took 02, 08 and 12 from 29, 18 and 23 s to 22, 14 and 21 s);
@@ -234,15 +235,22 @@ def opened(lab, browser, name):
         tab.close()
 
 
+def fewest_ranks(name):
+    """2, or the smallest WORLD_SIZE the lecture accepts (its checks.check_world_size(..., low=N))."""
+    low = re.search(r"check_world_size\(WORLD_SIZE, low=(\d+)", (ROOT / "notebooks" / name).read_text())
+    return max(2, int(low[1])) if low else 2
+
+
 def run_all(tab, name, timeout=RUN_TIMEOUT_S):
-    """Run every cell of the open lecture with Lab's own command, at SMOKE sizes on 2 ranks; the
-    per-code-cell report."""
+    """Run every cell of the open lecture with Lab's own command, at SMOKE sizes on the fewest ranks
+    it accepts (2 for most); the per-code-cell report."""
+    k = fewest_ranks(name)
     assert tab.js(f"""(() => {{
       const cell = {panel(name)}.content.widgets.find(c => (c.model.getMetadata('tags') || []).includes('parameters'));
       const text = cell.model.sharedModel.getSource();
-      const small = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^WORLD_SIZE = \\d+/m, 'WORLD_SIZE = 2');
+      const small = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^WORLD_SIZE = \\d+/m, 'WORLD_SIZE = {k}');
       cell.model.sharedModel.setSource(small);
-      return /^SMOKE = True/m.test(small) && /^WORLD_SIZE = 2\\b/m.test(small) && small !== text; }})()"""), \
+      return /^SMOKE = True/m.test(small) && /^WORLD_SIZE = {k}\\b/m.test(small) && small !== text; }})()"""), \
         f"{name}: no `SMOKE = False` and `WORLD_SIZE = ...` to set"
     tab.js("""window.ranAll = null; jupyterapp.commands.execute('notebook:run-all-cells')
               .then(ok => { window.ranAll = 'done'; }, e => { window.ranAll = String(e); })""")
