@@ -2,6 +2,7 @@
 simulate failures over a long run to find the best checkpoint interval.
 
     log = ckpt_bench.torchrun(script, ckpt_dir, steps=12, every=4, kill_at=8)   # JSON lines
+    log = ckpt_bench.torchrun(script, ckpt_dir, 12, 4, hang_at=11, pg_timeout=5)  # a hung rank
     ckpt_bench.assert_resumed_equal(log, reference)                             # the key claim
     times = spawn(ckpt_bench.save_times, 2, args=(sizes, rounds))               # dcp.save
     curve = ckpt_bench.simulate(intervals, C, M, work, runs=8, seed=0)          # mean wall time
@@ -21,14 +22,18 @@ import time
 import numpy as np
 
 
-def torchrun(script, ckpt_dir, steps, every, kill_at=None, nproc=2, max_restarts=1, timeout=240):
-    """Run the checkpointing program under torchrun; its per-step log (a list of dicts)."""
+def torchrun(script, ckpt_dir, steps, every, kill_at=None, nproc=2, max_restarts=1, timeout=240,
+             hang_at=None, pg_timeout=None):
+    """Run the checkpointing program under torchrun; its per-step log (a list of dicts).
+    hang_at: the last rank stops there once; pg_timeout: seconds a collective waits."""
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = os.path.join(ckpt_dir, "losses.jsonl")
     cmd = [exe, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts",
            str(max_restarts), "--monitor-interval", "0.1", script, "--dir", ckpt_dir,
            "--steps", str(steps), "--every", str(every), "--out", out]
     cmd += [] if kill_at is None else ["--kill-at", str(kill_at)]
+    cmd += [] if hang_at is None else ["--hang-at", str(hang_at)]
+    cmd += [] if pg_timeout is None else ["--timeout", str(pg_timeout)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env.pop("HELPERS_SPAWN_RANK", None)
     os.makedirs(ckpt_dir, exist_ok=True)
@@ -37,6 +42,13 @@ def torchrun(script, ckpt_dir, steps, every, kill_at=None, nproc=2, max_restarts
         raise RuntimeError(f"torchrun failed ({done.returncode}):\n{done.stderr[-3000:]}")
     with open(out) as f:
         return [json.loads(line) for line in f]
+
+
+def assert_gone(pid):
+    """No process with this id is left (`ps -p` finds none)."""
+    found = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-p", str(pid)],
+                           capture_output=True, text=True).stdout.strip()
+    assert not found, f"process {pid} is still there: {found}"
 
 
 def assert_resumed_equal(log, reference):
@@ -48,6 +60,12 @@ def assert_resumed_equal(log, reference):
     wrong = [(r["step"], r["attempt"], r["loss"], want[r["step"]]) for r in log
              if r["loss"] != want[r["step"]]]
     assert not wrong, f"losses differ from the uninterrupted run (step, attempt, got, want): {wrong}"
+
+
+def restart_gap(log):
+    """Seconds from the last step logged by attempt 0 to the first logged by attempt 1."""
+    last = max(r["time"] for r in log if r["attempt"] == 0)
+    return min(r["time"] for r in log if r["attempt"] == 1) - last
 
 
 def by_step(log):

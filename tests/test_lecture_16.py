@@ -6,6 +6,12 @@ SIGKILLed once between a checkpoint's write and its rename; the restarted group 
 last committed checkpoint and every logged loss equals the uninterrupted run's, float64, exactly
 (`ckpt_bench.assert_resumed_equal`). Made wrong on purpose, it must fail: a resume that forgets the
 RNG state; a log whose run never restarted. A half-written (`.tmp`) folder is never chosen.
+A hung rank (`--hang-at`, a 5 s collective timeout) ends in a restart too, with the same losses,
+and the sleeping process is gone afterwards; without a restart to spare, torchrun fails (and still
+leaves nothing running); a live process fails the "gone" check.
+
+Resharding across mesh shapes (section 3): FSDP2 x TP saved on a (2, 2) mesh loads on (1, 2) and
+(2, 1) exactly; a model that loaded nothing fails the comparison.
 
 The key measured claim (section 5): with a checkpoint cost C and exponential failures of mean M,
 the simulated interval of least wall time is within 15% of Young's sqrt(2 C M)
@@ -31,6 +37,7 @@ sys.path.insert(0, str(shape.NOTEBOOKS))  # here and in the spawned ranks
 import ckpt_train  # noqa: E402
 
 STEPS, EVERY, KILL_AT = 8, 2, 4
+HANG_AT, TIMEOUT = 5, 5.0
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +137,72 @@ def test_an_async_save_holds_the_values_at_its_call(tmp_path):
     got = spawn(ckpt_bench.step_times, 2, args=(2**16, 2, str(tmp_path), 0.01), backend="gloo")
     assert all(same for _, same in got)
     assert {m: len(t) for m, t in got[0][0].items()} == {"none": 2, "sync": 2, "async": 2}
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    run = tmp_path_factory.mktemp("hung")
+    log = ckpt_bench.torchrun(SCRIPT, str(run), STEPS, EVERY, hang_at=HANG_AT, pg_timeout=TIMEOUT)
+    return run, log
+
+
+def test_a_hung_rank_ends_in_a_restart_equal_to_the_uninterrupted_run(restarted, hung):
+    run, log = hung
+    ckpt_bench.assert_resumed_equal(log, restarted[2])
+    resumed = [r["step"] for r in log if r["attempt"] == 1][0]
+    assert resumed == (HANG_AT - 1) // EVERY * EVERY + 1, resumed   # the last checkpoint's next
+    assert ckpt_bench.restart_gap(log) >= TIMEOUT                   # the timeout ended it
+    ckpt_bench.assert_gone(int((run / "hung-once").read_text()))
+    assert sorted(os.listdir(run)) == ["hung-once", "losses.jsonl"] + \
+        [f"step_{s:05d}" for s in range(EVERY, STEPS + 1, EVERY)]
+
+
+def test_a_hang_without_a_restart_to_spare_fails_and_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="torchrun failed"):
+        ckpt_bench.torchrun(SCRIPT, str(tmp_path), 2, 2, hang_at=1, pg_timeout=TIMEOUT,
+                            max_restarts=0)
+    ckpt_bench.assert_gone(int((tmp_path / "hung-once").read_text()))
+
+
+def test_a_live_process_fails_the_gone_check():
+    with pytest.raises(AssertionError, match="still there"):
+        ckpt_bench.assert_gone(os.getpid())
+
+
+def _on_mesh(rank, world, shape, path, mode):
+    """mode "save": one step and a save on a (dp, tp) mesh; "load": a load; "fresh": nothing.
+    The full state."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                         set_state_dict)
+    cfg = ckpt_train.CFG
+    model, opt = ckpt_train.build_2d(shape, cfg)
+    if mode == "save":
+        x, y = ckpt_train.local_batch(cfg, rank // shape[1], shape[0], 0)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    state = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    if mode == "save":
+        dcp.save(state, checkpoint_id=path)
+    elif mode == "load":
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+
+
+def _equal(a, b):
+    (ma, oa), (mb, ob) = a, b
+    same = ma.keys() == mb.keys() and oa["state"].keys() == ob["state"].keys()
+    return same and all(torch.equal(ma[k], mb[k]) for k in ma) and all(
+        torch.equal(v, ob["state"][k][n]) for k, s in oa["state"].items() for n, v in s.items())
+
+
+def test_fsdp2_x_tp_saved_on_2x2_loads_exactly_on_1x2_and_2x1(tmp_path):
+    path = str(tmp_path / "mesh")
+    saved = spawn(_on_mesh, 4, args=((2, 2), path, "save"), backend="gloo")
+    assert all(_equal(s, saved[0]) for s in saved)
+    for shape in [(1, 2), (2, 1)]:
+        got = spawn(_on_mesh, 2, args=(shape, path, "load"), backend="gloo")
+        assert all(_equal(g, saved[0]) for g in got), shape
+    fresh = spawn(_on_mesh, 2, args=((2, 1), path, "fresh"), backend="gloo")
+    assert not _equal(fresh[0], saved[0])                 # a load that did nothing fails it
