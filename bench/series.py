@@ -1,7 +1,7 @@
 """The series' three time budgets on this machine (issue 20), each measured in one run and printed
 against its goal.
 
-    .venv/bin/python bench/series.py            every lecture headless with SMOKE=True       goal <= 4 min
+    .venv/bin/python bench/series.py            every lecture headless with SMOKE=True       goal <= 5 min
     .venv/bin/python bench/series.py --html     `make html`: full sizes, executed, site built goal <= 8 min
     .venv/bin/python bench/series.py --test     `make test` in a fresh clone of HEAD          goal <= 10 min
     .venv/bin/python bench/series.py --only 00 05 [--full]    those lectures, SMOKE (or full) sizes
@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 from helpers import machine  # noqa: E402
 from helpers.site import execute, lectures  # noqa: E402
 
-GOALS_MIN = {"series": 4, "html": 8, "test": 10}
+GOALS_MIN = {"series": 5, "html": 8, "test": 10}   # issue 33: 5 min for the series after the splits
 
 
 def verdict(name, seconds):
