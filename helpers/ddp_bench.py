@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import timing
+from helpers.patching import patched
 
 
 class _Done:
@@ -83,16 +84,6 @@ class _Link:
 
 
 @contextlib.contextmanager
-def _patched(replacement):
-    real = dist.all_reduce
-    dist.all_reduce = replacement
-    try:
-        yield
-    finally:
-        dist.all_reduce = real
-
-
-@contextlib.contextmanager
 def paced_all_reduce(gbps, alpha_s=0.0):
     """Inside: every dist.all_reduce also takes alpha_s + 2(K-1)/K n / (gbps GB/s) on a link that
     needs no core (see the module's docstring). Yields the link; link.calls logs every call."""
@@ -114,7 +105,7 @@ def paced_all_reduce(gbps, alpha_s=0.0):
         done.wait()
         return None
 
-    with _patched(all_reduce):
+    with patched(dist, all_reduce=all_reduce):
         yield link
 
 
@@ -124,7 +115,7 @@ def without_all_reduce():
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
         return _Done() if async_op else None
 
-    with _patched(all_reduce):
+    with patched(dist, all_reduce=all_reduce):
         yield
 
 

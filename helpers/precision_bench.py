@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import tiny
+from helpers.patching import patched
 from helpers.spawn import device
 
 
@@ -45,16 +46,10 @@ def counting_collectives(log):
             return originals[name](*args, **kwargs)
         return send
 
-    for name in originals:
-        setattr(dist, name, counted(name))
-    try:
+    with patched(dist, **{name: counted(name) for name in originals}):
         yield
-    finally:
-        for name, f in originals.items():
-            setattr(dist, name, f)
 
 
-@contextlib.contextmanager
 def no_cuda_sync_for_cpu():
     """Inside: torch.cuda.synchronize(a CPU device) returns at once. torch's PowerSGD hooks end with
     `torch.cuda.synchronize(the bucket's device)` whenever CUDA is available (powerSGD_hook.py,
@@ -65,11 +60,7 @@ def no_cuda_sync_for_cpu():
     def synchronize(device=None):
         if device is None or torch.device(device).type != "cpu":
             real(device)
-    torch.cuda.synchronize = synchronize
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize = real
+    return patched(torch.cuda, synchronize=synchronize)
 
 
 def train_with_hooks(rank, world_size, hooks, steps, lr, model_kw, rows):

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from helpers.patching import patched
+
 
 # ----------------------------------------------------------------------- device-like compute
 
@@ -165,15 +167,9 @@ def paced_link(gbps):
     calls = lambda fn: inspect.unwrap(fn).__code__.co_names  # noqa: E731 - names its code uses
     if "isend" not in calls(real["send"]) or "irecv" not in calls(real["recv"]):
         paced.update(send=send, recv=recv)
-    for name, fn in paced.items():   # c10d's own names too: batch_isend_irecv checks op is isend
-        setattr(c10d, name, fn)
-        setattr(dist, name, fn)
-    try:
+    # c10d's own names too: batch_isend_irecv checks op is isend
+    with patched(c10d, **paced), patched(dist, **paced):
         yield
-    finally:
-        for name, fn in real.items():
-            setattr(c10d, name, fn)
-            setattr(dist, name, fn)
 
 
 def paced(fn, gbps):

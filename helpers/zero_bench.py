@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from helpers.patching import patched
 from helpers.timeline import Recorder
 
 
@@ -208,13 +209,8 @@ def caller_owned_collectives():
             return _Done() if async_op else None
         return collective
 
-    for name in real:
-        setattr(dist, name, owned(name))
-    try:
+    with patched(dist, **{name: owned(name) for name in real}):
         yield
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
 
 def draw_forward(ax, compute, gathers, legend=True):
     """One rank's forward_events on two rows (compute, link), each gather's bar labelled

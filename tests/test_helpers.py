@@ -342,3 +342,16 @@ def test_a_lost_wake_up_costs_the_client_half_a_second_not_the_cell_timeout():
     # the negative control: jupyter_client's own get_msg waits out its whole timeout and misses it
     with pytest.raises(Empty):
         asyncio.run(headless.UNPATCHED["get_msg"](_channel(), timeout=1.5))
+
+
+def test_patched_replaces_for_the_block_and_restores_even_after_an_error():
+    import types
+
+    from helpers.patching import patched
+    box = types.SimpleNamespace(f=1, g=2)
+    with patched(box, f=10) as originals:
+        assert (box.f, box.g, originals) == (10, 2, {"f": 1})
+    assert box.f == 1
+    with pytest.raises(ValueError), patched(box, f=10, g=20):
+        raise ValueError
+    assert (box.f, box.g) == (1, 2)
