@@ -22,6 +22,9 @@ from helpers import bench, paper, planner, planner_machine, shape
 
 LECTURE = Path(shape.NOTEBOOKS) / "14_planner.ipynb"
 BOUND = 0.5
+H100S = {"gpus_per_node": 8, "nodes": 128, "memory": 80e9, "reserve": 0.1,   # the lecture's plan
+         "peak_flops": 989e12, "efficiency": 0.4, "intra_bw": 450e9, "intra_alpha": 5e-6,
+         "inter_bw": 50e9, "inter_alpha": 10e-6}
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +52,7 @@ def test_a_model_off_by_a_factor_fails_the_check(checked):
 
 def test_hidden_traffic_is_capped_by_the_compute_it_overlaps():
     model = paper.gpt3("GPT-3 175B")
-    cluster = {"gpus_per_node": 8, "nodes": 128, "memory": 80e9, "reserve": 0.1,
-               "peak_flops": 989e12, "efficiency": 0.4, "intra_bw": 450e9, "intra_alpha": 5e-6,
-               "inter_bw": 50e9, "inter_alpha": 10e-6}
+    cluster = H100S
     t = planner.step_time(model, cluster, 1536, 1, 512, 2, 1, 3, "full", overlap=1.0)
     data = t["data"] + t["hidden"]
     uncapped = 1.0 * data                                   # what the planner hid before the cap
@@ -69,9 +70,7 @@ def test_a_once_per_step_reduction_hides_only_behind_the_last_backward():
     """ZeRO-0/1 reduce once per step (after gradient accumulation): the last micro-batch's backward
     is all they can hide behind; ZeRO-1/2's parameter all-gather follows the optimizer step."""
     model = paper.gpt3("GPT-3 175B")
-    cluster = {"gpus_per_node": 8, "nodes": 128, "memory": 80e9, "reserve": 0.1,
-               "peak_flops": 989e12, "efficiency": 0.4, "intra_bw": 450e9, "intra_alpha": 5e-6,
-               "inter_bw": 50e9, "inter_alpha": 10e-6}
+    cluster = H100S
     t = planner.step_time(model, cluster, 1536, 1, 16, 8, 8, 0, "full", overlap=1.0)
     window = t["compute"] * planner.backward_share(model, 1, 8, 8, "full") / t["micro_batches"]
     data = t["data"] + t["hidden"]
