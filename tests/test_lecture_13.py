@@ -11,9 +11,18 @@ the machine's load. Made wrong on purpose, it must fail:
 - the table's all-to-all held against the CPU run (no fallback allowed);
 - the right table with the bytes of one row off by a factor of two.
 
-Section 4's `differences` (torch's fake-process-group counts against planner.traffic) is checked on
-the planner's own dicts: none against itself, and a layout off by one factor is seen; the counts
-themselves are tests/test_fake_mesh.py's.
+Two runs on a mesh, each step equal to one process in float64 and every collective, attributed to
+its mesh dimension by helpers.mesh_bench, equal to the lecture's byte model (calls, N and bytes
+sent, exactly; counts do not depend on the load):
+- section 1's HSDP step (FSDP2 on a ("replicate", "shard") mesh of (2, 2)), model from
+  `fsdp_unit_bytes` and `expected`;
+- section 4's data x expert x tensor MoE step on (2, 2, 2), model `moe_bytes` from the one-process
+  routing (`moe_reference`'s kept table).
+Made wrong on purpose, each must fail: a model off by one collective (HSDP: one all-reduce fewer
+on "replicate"; MoE: the counts exchange left out) is not what the ranks counted, and a step with
+one dimension's reduction skipped (HSDP: FSDP2's all-reduce across rows; MoE: the experts' and
+router's all-reduces on "dp") is not equal to one process. A call on a group that is no mesh
+dimension's stops the run (mesh_bench's attribution misses nothing).
 
 The code shown in section 3's markdown is nd3d.py's own, line by line.
 """
@@ -23,10 +32,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from course.expert_parallel import expert_mlp, make_router, moe_reference
 from course.nd_parallelism import (CPU_ALL_TO_ALL, REDISTRIBUTE, assert_redistribute,
-                                   differences, redistribute_calls)
-from helpers import fake_mesh, planner, shape
+                                   expected, fsdp_unit_bytes, hsdp_split, mlp_parts, mlp_step,
+                                   moe_bytes, moe_parts, moe_step, redistribute_calls)
+from helpers import mesh_bench, patching, shape, tiny
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "13_nd_parallelism.ipynb"
@@ -67,16 +79,6 @@ def test_a_wrong_table_fails(moved):
     assert CPU_ALL_TO_ALL[1](N, TP) == TP * REDISTRIBUTE["Shard(0)", "Shard(1)"][1](N, TP)
 
 
-def test_differences_sees_a_layout_off_by_a_factor():
-    model = fake_mesh.stack_model(2, 4096, 32, 32)
-    right = planner.traffic(model, 128, 1, 128, 8, 1, zero=3)
-    assert differences(right, right) == {}
-    off = differences(planner.traffic(model, 128, 1, 128, 4, 1, zero=3), right)   # tp off by 2
-    assert set(off) == {("data", "all_gather"), ("data", "reduce_scatter")}       # S: t x fewer
-    redo = differences(planner.traffic(model, 128, 1, 128, 8, 1, zero=3, recompute="none"), right)
-    assert redo == {("tensor", "all_reduce"): (-2 * 2, -2 * 2 * 2 * 32 * 4096)}    # 2 a layer
-
-
 def test_section_3_shows_nd3d_s_own_lines():
     source = {line.strip() for line in (LECTURE.parent / "nd3d.py").read_text().splitlines()}
     cells = json.loads(LECTURE.read_text())["cells"]
@@ -85,3 +87,137 @@ def test_section_3_shows_nd3d_s_own_lines():
              for line in block.splitlines() if line.strip()]
     assert len(shown) >= 8
     assert [line for line in shown if line not in source] == []
+
+
+# ------------------------------------------------------------------ HSDP and data x expert x tensor
+
+TIGHT = dict(rtol=1e-12, atol=1e-12)          # float64: only the summation order differs
+HSDP, MLP = ("replicate", "shard"), dict(dim=32, hidden=128, depth=2, batch=8)
+MOE = dict(dim=16, experts=4, k=2, tokens=128)             # section 4's layer, as the lecture's
+MOE_SHAPE, MOE_NAMES = (2, 2, 2), ("dp", "ep", "tp")
+
+
+def _skipping(dim, step):
+    """`step` with every dist.all_reduce on mesh dimension `dim`'s group left out."""
+    def skipped(mesh, *parts):
+        skip = mesh.get_group(dim)
+
+        def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            return None if group is skip else real["all_reduce"](tensor, op, group, async_op)
+
+        with patching.patched(dist, all_reduce=all_reduce) as real:
+            return step(mesh, *parts)
+    return skipped
+
+
+def _hsdp(step=mlp_step):
+    return mesh_bench.run(mlp_parts, step, (2, 2), HSDP, args=(hsdp_split, HSDP, MLP),
+                          backend="gloo")
+
+
+def _hsdp_reference():
+    model = tiny.model(MLP["dim"], MLP["hidden"], MLP["depth"], seed=0)
+    x, y = tiny.batch(MLP["batch"], MLP["dim"], seed=1)
+    tiny.loss(model(x), y).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def _hsdp_model(replicate_calls):
+    h, H, L = MLP["dim"], MLP["hidden"], MLP["depth"]
+    unit = fsdp_unit_bytes([(H, h), (H,), (h, H), (h,)], 2)
+    return expected({"shard": {"all_gather": [(2 * L, unit)], "reduce_scatter": [(L, unit)]},
+                     "replicate": {"all_reduce": [(replicate_calls, unit // 2)]}},
+                    dict(replicate=2, shard=2))
+
+
+@pytest.fixture(scope="module")
+def hsdp_runs():
+    return _hsdp()
+
+
+def test_hsdp_equals_one_process_and_counts_exactly_its_model(hsdp_runs):
+    grads = _hsdp_reference()
+    for run in hsdp_runs:
+        torch.testing.assert_close(run["grads"], grads, **TIGHT)
+        assert mesh_bench.per_dimension(run["log"], HSDP) == _hsdp_model(MLP["depth"])
+
+
+def test_an_hsdp_model_off_by_one_all_reduce_fails(hsdp_runs):
+    for run in hsdp_runs:
+        assert mesh_bench.per_dimension(run["log"], HSDP) != _hsdp_model(MLP["depth"] - 1)
+
+
+def test_hsdp_without_its_all_reduce_across_rows_is_not_one_process():
+    grads = _hsdp_reference()
+    for run in _hsdp(_skipping("replicate", mlp_step)):
+        assert "all_reduce" not in mesh_bench.per_dimension(run["log"], HSDP)["replicate"]
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(run["grads"], grads, **TIGHT)
+
+
+def _moe(step=moe_step):
+    return mesh_bench.run(moe_parts, step, MOE_SHAPE, MOE_NAMES, args=(MOE,), backend="gloo")
+
+
+def _moe_reference():
+    h, E, k, B = MOE.values()
+    router, experts = make_router(h, E), [expert_mlp(h, 1 + e) for e in range(E)]
+    x, y = tiny.batch(B, h, seed=3)
+    x.requires_grad_()
+    out, kept = moe_reference(x, router, experts, k, None, 4)
+    ((out - y) ** 2).sum().backward()
+    return router, experts, x.grad, kept
+
+
+def _coords(rank):                       # (dp, ep) of a rank of the row-major (2, 2, 2) mesh
+    return rank // 4, rank // 2 % 2
+
+
+@pytest.fixture(scope="module")
+def moe_runs():
+    return _moe()
+
+
+def _assert_moe_equal(run, rank, reference):
+    router, experts, x_grad, _ = reference
+    i, j = _coords(rank)
+    mine = [p.grad for ex in experts[2 * j:2 * j + 2] for p in ex.parameters()]
+    torch.testing.assert_close((run["experts"], run["router"], run["x"]),
+                               (mine, router.weight.grad, x_grad.split(32)[2 * i + j]), **TIGHT)
+
+
+def test_data_expert_tensor_equals_one_process_and_counts_exactly_its_model(moe_runs):
+    reference = _moe_reference()
+    for rank, run in enumerate(moe_runs):
+        _assert_moe_equal(run, rank, reference)
+        model = moe_bytes(reference[3], *_coords(rank), MOE, MOE_SHAPE)
+        assert mesh_bench.per_dimension(run["log"], MOE_NAMES) == model
+
+
+def test_a_moe_model_that_leaves_out_the_counts_exchange_fails(moe_runs):
+    kept = _moe_reference()[3]
+    for rank, run in enumerate(moe_runs):
+        model = moe_bytes(kept, *_coords(rank), MOE, MOE_SHAPE)
+        calls, N, sent = model["ep"]["all_to_all"]
+        model["ep"]["all_to_all"] = [calls - 1, N - 8 * MOE["experts"], sent - 4 * MOE["experts"]]
+        assert mesh_bench.per_dimension(run["log"], MOE_NAMES) != model
+
+
+def test_data_expert_tensor_without_its_dp_reduction_is_not_one_process():
+    reference = _moe_reference()
+    for rank, run in enumerate(_moe(_skipping("dp", moe_step))):
+        assert "all_reduce" not in mesh_bench.per_dimension(run["log"], MOE_NAMES)["dp"]
+        with pytest.raises(AssertionError):
+            _assert_moe_equal(run, rank, reference)
+
+
+def _off_the_mesh(mesh):
+    dist.all_reduce(torch.ones(1))                       # the world's group: no mesh dimension's
+    return {}
+
+
+def test_a_call_on_a_group_of_no_mesh_dimension_stops_the_run():
+    with pytest.raises(Exception, match="not a mesh dimension's group"):
+        mesh_bench.run(lambda mesh: (), _off_the_mesh, (2, 2), ("dp", "tp"), backend="gloo")
+    with pytest.raises(ValueError, match="needs 2 names"):
+        mesh_bench.run(lambda mesh: (), _off_the_mesh, (2, 2), ("dp",))

@@ -1,7 +1,11 @@
 """Lecture 13's pieces that later lectures reuse, exactly as notebooks/13_nd_parallelism.ipynb shows them
 (its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+import math
 import torch
-from helpers import trace
+import torch.distributed as dist
+from course.expert_parallel import expert_mlp, make_router, moe_layer
+from helpers import ep_bench, tiny, trace
+from helpers.spawn import device
 
 
 REDISTRIBUTE = {  # (from, to) on a mesh dimension of n ranks: collective, bytes sent
@@ -47,15 +51,88 @@ def assert_redistribute(counted, N, n, table=REDISTRIBUTE, cpu=True):
         want = [] if kind is None else [(kind, "tp", sent(N, n))]
         assert counted[move] == want, (move, counted[move], want)
 
-def differences(counted, formula, dims=("tensor", "data")):
-    """{(dim, kind): (calls, bytes)} counted beyond the formula (negative: fewer)."""
-    out = {}
-    for dim in dims:
-        got, want = counted.get(dim, {}), formula.get(dim, {})
-        for kind in sorted(set(got.get("kind", {})) | set(want.get("kind", {}))):
-            calls = got.get("kind", {}).get(kind, 0) - want.get("kind", {}).get(kind, 0)
-            nbytes = (got.get("kind_bytes", {}).get(kind, 0)
-                      - want.get("kind_bytes", {}).get(kind, 0))
-            if calls or nbytes:
-                out[dim, kind] = (calls, nbytes)
-    return out
+def hsdp_split(model, mesh):
+    """HSDP: FSDP2 on the whole 2-D mesh, replicated on dim 0, sharded on dim 1."""
+    from torch.distributed.fsdp import fully_shard
+    for block in model:
+        fully_shard(block, mesh=mesh)                # one FSDP unit per block
+    return fully_shard(model, mesh=mesh)             # the root (no parameters)
+
+
+def my_rows(mesh, data, n):
+    """This rank's share of n rows, split over the mesh dimension(s) `data`."""
+    ranks = mesh[data].mesh.flatten().tolist()       # the ranks that split the batch
+    i, d = ranks.index(dist.get_rank()), len(ranks)
+    return slice(i * n // d, (i + 1) * n // d)
+
+
+def mlp_parts(mesh, split, data, cfg):
+    """The seeded MLP split on the mesh by `split`; this rank's rows of the batch."""
+    model = tiny.model(cfg["dim"], cfg["hidden"], cfg["depth"], seed=0, device=device())
+    x, y = tiny.batch(cfg["batch"], cfg["dim"], seed=1, device=device())
+    rows = my_rows(mesh, data, len(x))
+    return split(model, mesh), x[rows], y[rows]
+
+
+def mlp_step(mesh, model, x, y):
+    loss = tiny.loss(model(x), y)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return dict(loss=loss.detach(), grads=grads)
+
+def fsdp_unit_bytes(local_shapes, d, elem=8):
+    """N of FSDP2's all-gather (or reduce-scatter) of a unit: dim 0 padded to d."""
+    return elem * sum(d * math.ceil(s[0] / d) * math.prod(s[1:]) for s in local_shapes)
+
+
+def ring(kind, N, n):
+    """Bytes a rank sends in a collective of N bytes over n ranks (lecture 02's ring;
+    an all-to-all: (n-1)/n of N, exact for even splits only)."""
+    return (2 if kind == "all_reduce" else 1) * (n - 1) * N // n
+
+
+def expected(calls, sizes):
+    """{dim: {kind: [calls, N, sent]}} from {dim: {kind: [(calls, N of one), ...]}}."""
+    return {dim: {k: [sum(c for c, _ in cn), sum(c * N for c, N in cn),
+                      sum(c * ring(k, N, sizes[dim]) for c, N in cn)]
+                  for k, cn in kinds.items()} for dim, kinds in calls.items()}
+
+def moe_parts(mesh, cfg):
+    """The router, this rank's E/e experts split on "tp", its tokens and targets."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    h, E, j = cfg["dim"], cfg["experts"], mesh.get_local_rank("ep")
+    per = E // mesh["ep"].size()
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}   # h -> 4h, GELU, 4h -> h
+    mine = [parallelize_module(expert_mlp(h, 1 + e).to(device()), mesh["tp"], plan)
+            for e in range(j * per, (j + 1) * per)]
+    x, y = tiny.batch(cfg["tokens"], h, seed=3, device=device())
+    rows = my_rows(mesh, ("dp", "ep"), len(x))
+    router = make_router(h, E).to(device())
+    return router, mine, x[rows].requires_grad_(), y[rows], cfg["k"]
+
+
+def moe_step(mesh, router, mine, x, y, k):
+    out, _, _ = moe_layer(x, router, mine, k, None, group=mesh.get_group("ep"))
+    ((out - y) ** 2).sum().backward()
+    for p in (p for expert in mine for p in expert.parameters()):
+        dist.all_reduce(p.grad.to_local(), group=mesh.get_group("dp"))   # its replicas
+    for dim in ("ep", "dp"):                                 # the router: on every rank
+        dist.all_reduce(router.weight.grad, group=mesh.get_group(dim))
+    return dict(x=x.grad, router=router.weight.grad,
+                experts=[p.grad for expert in mine for p in expert.parameters()])
+
+def moe_bytes(kept, i, j, cfg, shape):
+    """Rank (i, j, .)'s step, {dim: {kind: [calls, N, sent]}}, from the routing."""
+    h, E, _, _ = cfg.values()
+    d, e, t = shape
+    per, line = E // e, kept[i * e:(i + 1) * e]              # line i's token groups
+    chunks = [int(line[g, x]) * h * 8 for g in range(e)      # one per sender, expert
+              for x in range(j * per, (j + 1) * per)]
+    local = [(per, 8 * m) for m in (4 * h * h // t, 4 * h // t, 4 * h * h // t, h)]
+    exchange = ep_bench.all_to_all_model(line, j, h, 8)       # lecture 12's five
+    return expected({"ep": {"all_to_all": [(1, N) for N in exchange],
+                            "all_reduce": [(1, 8 * h * E)]},
+                     "tp": {"all_reduce": [(2, N) for N in chunks]},
+                     "dp": {"all_reduce": local + [(1, 8 * h * E)]}},   # W1 b1 W2 b2
+                    dict(dp=d, ep=e, tp=t))

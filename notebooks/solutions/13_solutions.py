@@ -19,11 +19,9 @@ def mesh_peers(dp, tp, pp, rank):
             "pp": [at(j, idp, it) for j in range(pp)]}
 
 
-
-def tp_calls(L, m, sp, early_stop):
-    """Exercise 3: torch's calls on "tp" per step, full recomputation (section 4)."""
-    passes = L * m                                # layer-micro-batches
-    last = 2 + 2 + (1 if early_stop else 2)       # the reductions: forward, backward, recompute
-    if not sp:
-        return {"all_reduce": passes * last}
-    return {"all_gather": passes * 6, "reduce_scatter": passes * last, "all_reduce": passes * 4}
+def hsdp_sent(P, L, r, s, elem=8):
+    """Exercise 3: bytes one rank sends per step on each dimension of an (r, s) HSDP mesh."""
+    unit = P * elem                                   # one FSDP unit, whole
+    shard = 3 * L * (s - 1) / s * unit                # 2 all-gathers + 1 reduce-scatter a unit
+    replicate = L * 2 * (r - 1) / r * unit / s        # 1 all-reduce of the unit's shard
+    return {"replicate": replicate, "shard": shard}

@@ -1,0 +1,95 @@
+"""Running one training step on a DeviceMesh and attributing its collectives to the mesh's
+dimensions: the machinery of the mesh lectures. It holds none of a lecture's code.
+
+    runs = mesh_bench.run(parts, step, (2, 2), ("dp", "tp"), args=(...,))
+    mesh_bench.per_dimension(runs[0]["log"], ("dp", "tp"))   # {dim: {kind: [calls, N, sent]}}
+
+`run` starts prod(shape) ranks (helpers.spawn). Each rank builds the mesh, calls
+`parts(mesh, *args)` (the model split on the mesh, the rank's data: anything its set-up
+communicates is not counted), then `step(mesh, *parts)` inside `helpers.trace.calls(strict=True)`.
+Every traced call must be on the group of one mesh dimension (`mesh_log`: any other group stops
+the run); with `torch_count=True` torch's own `CommDebugMode` must count as many calls. What
+`step` returns comes back assembled: every DTensor in it (a sharded gradient or parameter)
+as its full tensor.
+"""
+import contextlib
+import math
+
+from helpers import trace
+from helpers.spawn import device, spawn
+
+
+def mesh_log(log, mesh):
+    """(dimension, kind, N, sent) per traced call, the dimension named by the call's group."""
+    dims = {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
+    for c in log.calls:
+        if c.group not in dims:
+            raise RuntimeError(f"{c.op} on {c.group}, not a mesh dimension's group")
+    return [(dims[c.group], c.kind, c.nbytes, c.ring_sent) for c in log.calls]
+
+
+def per_dimension(log, names):
+    """{dimension: {kind: [calls, N bytes, sent bytes]}} from a mesh log."""
+    out = {d: {} for d in names}
+    for dim, kind, N, sent in log:
+        c = out[dim].setdefault(kind, [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + 1, c[1] + N, c[2] + sent
+    return out
+
+
+def quiet():
+    """Silence three true, harmless notices (2-D full_tensor, a view, a hook)."""
+    import logging
+    import warnings
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when")
+
+
+def full(value):
+    """`value` with every DTensor in it (dicts, lists, tuples) replaced by its full tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.full_tensor().detach()
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(full(v) for v in value)
+    return value
+
+
+def _rank(rank, K, parts, step, shape, names, args, torch_count):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    quiet()
+    mesh = init_device_mesh(device().type, shape, mesh_dim_names=names)
+    made = parts(mesh, *args)
+    with CommDebugMode() if torch_count else contextlib.nullcontext() as torch_calls:
+        with trace.calls(strict=True) as calls:
+            out = step(mesh, *made)
+    log = mesh_log(calls, mesh)
+    if torch_count:
+        assert torch_calls.get_total_counts() == len(log), torch_calls.get_comm_counts()
+    return dict(full(out), log=log)
+
+
+def run(parts, step, shape, names, args=(), backend="auto", torch_count=False):
+    """Run `step` on a mesh of `shape` named `names`; per rank: step's dict (assembled) + log."""
+    if len(shape) != len(names):
+        raise ValueError(f"a mesh of shape {shape} needs {len(shape)} names, got {names}.")
+    return spawn(_rank, math.prod(shape), backend=backend,
+                 args=(parts, step, tuple(shape), tuple(names), tuple(args), torch_count))
+
+
+def table(counted, model):
+    """Print counted calls and bytes per dimension and collective beside the model's bytes
+    sent; both as per_dimension gives them ({dim: {kind: [calls, N, sent]}})."""
+    from helpers import report
+
+    cols = ["dimension", "collective", "calls", "N bytes", "sent/rank", "model sent"]
+    modelled = {(dm, k): v[2] for dm, kinds in model.items() for k, v in kinds.items()}
+    report.table([dict(zip(cols, (dm, k, c, n, s, modelled.get((dm, k), "-"))))
+                  for dm, kinds in counted.items() for k, (c, n, s) in kinds.items()], cols)
