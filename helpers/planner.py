@@ -1,5 +1,6 @@
-"""A planner for N-D parallel training (lecture 14): memory per GPU and step time of every (dp, tp, pp)
-layout, ZeRO stage, micro-batch size and recomputation, from the lectures' formulas only.
+"""A planner for N-D parallel training (lecture 14): memory per GPU and step time of every layout
+(dp, tp, pp, and optionally cp, ep, interleaved chunks and unequal stages), ZeRO stage, micro-batch size
+and recomputation, from the lectures' formulas only.
 
     from helpers import planner
     model = {"layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200, "seq": 2048, "params": None}
@@ -7,6 +8,7 @@ layout, ZeRO stage, micro-batch size and recomputation, from the lectures' formu
                "intra_bw": 450e9, "intra_alpha": 5e-6, "inter_bw": 50e9, "inter_alpha": 10e-6}
     ranked = planner.plan(model, cluster, global_batch=1536)    # feasible configurations, fastest first
     print(planner.describe(ranked[0]))                          # its time and memory broken down
+    planner.plan(model, cluster, 1536, chunks=(1, 2, 4), cps=(1, 2), uneven=True, main_grads=True)
 
     # this machine: compute, alpha and B measured in the ranks, nd3d.train's 3D step predicted and timed
     runs = spawn(planner.run_rank, 2, args=(nd3d.train, nd3d.CFG, [(2, 1, 1), (1, 2, 1)], 4, 2, 3, sizes))
@@ -14,14 +16,15 @@ layout, ZeRO stage, micro-batch size and recomputation, from the lectures' formu
     planner.tiny_step_time(nd3d.CFG, machine, dp=1, tp=2, pp=1, micro_batches=2)   # {"total": s, ...}
     planner.traffic(model, 1536, 1, dp=64, tp=8, pp=2, zero=3)   # {"tensor": {"calls", "bytes", ...}, ...}
 
-One model: the counts (FLOPs, parameters per stage, collective calls and bytes) are in
-helpers/planner_counts.py, memory and time here, this machine's figures and check in
-helpers/planner_machine.py; all of them are reached as planner.<name>.
+One model: the counts (FLOPs, layers and parameters per stage, collective calls and bytes) are in
+helpers/planner_counts.py, memory in helpers/planner_memory.py, time and the plan here, this machine's
+figures and check in helpers/planner_machine.py; all of them are reached as planner.<name>.
 
-Layouts follow Megatron-LM: tp innermost, then dp, then pp, so a tensor-parallel group is tp
-consecutive GPUs of one node, a data-parallel group strides by tp, pipeline neighbours are tp*dp apart.
+Layouts follow Megatron-LM: tp innermost, then cp, then dp (expert parallelism: ep of the dp x cp
+ranks), then pp, so a tensor-parallel group is tp consecutive GPUs of one node, a context-parallel group
+strides by tp, a data-parallel group by tp cp, pipeline neighbours are tp cp dp apart.
 model:   layers, hidden, heads, vocab, seq, params (None: Narayanan et al. 2021's Eq. 2); optional
-         keys placing the parameters on the stages: helpers/planner_counts.py.
+         keys placing the parameters on the stages, and experts / top_k: helpers/planner_counts.py.
 cluster: gpus_per_node, nodes, memory (bytes), reserve (fraction of memory kept free, default 0),
          peak_flops, efficiency, intra_bw / inter_bw (bytes/s per GPU per direction, lecture 00's
          convention; inter_bw is one GPU's own NIC), intra_alpha / inter_alpha (s); optional c0 (s, a
@@ -29,80 +32,55 @@ cluster: gpus_per_node, nodes, memory (bytes), reserve (fraction of memory kept 
          Sizes in bytes, times in seconds, FLOPs as counts.
 """
 from helpers.cost import ring_all_gather, ring_all_reduce  # noqa: F401 (one definition of the ring)
-from helpers.planner_counts import (BF16, DIMENSIONS, comm_time, executed_flops, paper_flops,  # noqa: F401
-                                    param_count, stage_flops, stage_params, traffic)
+from helpers.planner_counts import (BF16, DIMENSIONS, comm_time, executed_flops, fullest_stage,  # noqa: F401
+                                    layer_params, paper_flops, param_count, stage_flops, stage_layers,
+                                    stage_param_split, stage_params, stage_splits, traffic)
+from helpers.planner_memory import activation_bytes_per_layer, memory  # noqa: F401
 
 RECOMPUTE = ("none", "selective", "full")
 
 
 # ---------------------------------------------------------------------------------- layouts
 
-def layouts(gpus, gpus_per_node, heads, layers):
+def layouts(gpus, gpus_per_node, heads, layers, uneven=False):
     """Every (dp, tp, pp) with dp*tp*pp = gpus, tp dividing the node and the heads (lecture 07: whole
-    heads per rank; tensor parallelism stays on NVLink) and pp dividing the layers (lecture 08)."""
+    heads per rank; tensor parallelism stays on NVLink) and pp dividing the layers (lecture 08), or,
+    `uneven`, any pp with a split of the layers whose first and last stages hold fewer (stage_splits)."""
     out = []
     for tp in range(1, gpus_per_node + 1):
         if gpus_per_node % tp or heads % tp or gpus % tp:
             continue
         for pp in range(1, layers + 1):
-            if layers % pp == 0 and (gpus // tp) % pp == 0:
+            if (gpus // tp) % pp == 0 and (layers % pp == 0 or uneven and stage_splits(layers, pp)):
                 out.append((gpus // (tp * pp), tp, pp))
     return out
 
 
-def check(model, cluster, global_batch, micro_batch, dp, tp, pp, chunks=1):
+def check(model, cluster, global_batch, micro_batch, dp, tp, pp, chunks=1, cp=1, ep=1, stages=None):
     """The reason a configuration cannot run, or None."""
-    g = cluster["gpus_per_node"] * cluster["nodes"]
-    if dp * tp * pp != g:
-        return f"dp*tp*pp = {dp * tp * pp}, not the {g} GPUs"
+    g, L = cluster["gpus_per_node"] * cluster["nodes"], model["layers"]
+    if dp * tp * pp * cp != g:
+        return f"dp*tp*pp*cp = {dp * tp * pp * cp}, not the {g} GPUs"
     if tp > cluster["gpus_per_node"] or cluster["gpus_per_node"] % tp:
         return f"tp={tp} would leave the node of {cluster['gpus_per_node']} GPUs"
     if model["heads"] % tp:
         return f"tp={tp} does not divide the {model['heads']} heads"
-    if model["layers"] % (pp * chunks):
-        return f"pp*chunks={pp * chunks} does not divide the {model['layers']} layers"
+    if stages is None and L % (pp * chunks):
+        return f"pp*chunks={pp * chunks} does not divide the {L} layers"
+    if stages is not None and (len(stages) != pp or sum(stages) != L or min(stages) < 1):
+        return f"stages {tuple(stages)}: pp={pp} counts of at least 1 layer, summing to {L}"
+    if stages is not None and chunks > 1 and len(set(stages)) > 1:
+        return "interleaved chunks need equal stages here"
+    if cp > 1 and model["seq"] % (2 * cp):
+        return f"cp={cp}: the sequence {model['seq']} must split in 2 cp chunks (lecture 11)"
+    experts = model.get("experts", 0)
+    if ep > 1 and (not experts or experts % ep or (dp * cp) % ep):
+        return f"ep={ep} must divide the experts ({experts}) and dp*cp = {dp * cp}"
     if global_batch % (dp * micro_batch):
         return f"dp*micro_batch={dp * micro_batch} does not divide the batch {global_batch}"
     if chunks > 1 and (global_batch // (dp * micro_batch)) % pp:
         return "the interleaved schedule needs m to be a multiple of pp (paper, section 2.2.2)"
     return None
-
-
-# ----------------------------------------------------------------------------------- memory
-
-def activation_bytes_per_layer(model, micro_batch, tp, recompute, sequence_parallel):
-    """Bytes one layer keeps for one micro-batch, 16-bit, Korthikanti et al. 2022 (lecture 10, s. 6):
-    sbh(34 + 5as/h) none, 34 sbh selective, 2 sbh full, all divided by t with sequence parallelism;
-    tensor parallelism alone leaves 10 sbh (norms, dropouts, inputs) whole: sbh(10 + 24/t + 5as/(ht))."""
-    s, h, a, b = model["seq"], model["hidden"], model["heads"], micro_batch
-    sbh, attn = s * b * h, 5 * a * s / h
-    if sequence_parallel or tp == 1:
-        return sbh * {"none": 34 + attn, "selective": 34, "full": 2}[recompute] / tp
-    return sbh * {"none": 10 + (24 + attn) / tp, "selective": 10 + 24 / tp, "full": 2}[recompute]
-
-
-def memory(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute,
-           sequence_parallel=True, chunks=1):
-    """Bytes per GPU of the first pipeline stage (the fullest: the word embedding and min(p, m) micro-
-    batches in flight), broken down."""
-    local = stage_params(model, tp, pp)                      # tp and pp split the weights (07, 08)
-    params = BF16 * local / (dp if zero >= 3 else 1)         # lecture 06's table: bf16 2 + 2 + 12
-    grads = BF16 * local / (dp if zero >= 2 else 1)
-    optim = 12 * local / (dp if zero >= 1 else 1)
-    m = global_batch // (dp * micro_batch)
-    in_flight = min(pp, m)                                   # 1F1B: stage 0 holds min(p, m) (lecture 08)
-    if chunks > 1:                                           # interleaving (Korthikanti et al. 2022, 4.2.3;
-        in_flight *= 1 + (pp - 1) / (pp * chunks)            # not re-read here)
-    per_layer = activation_bytes_per_layer(model, micro_batch, tp, recompute, sequence_parallel)
-    acts = model["layers"] // pp * per_layer * in_flight
-    working = 0.0                                            # lecture 10, section 6: working memory
-    if recompute != "none":                                  # one layer rematerialised at a time
-        working += activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel)
-    if zero >= 3:                                            # a layer's gathered weights and grads, x2 prefetch
-        working += 2 * 2 * BF16 * 12 * model["hidden"] ** 2 / tp
-    total = params + grads + optim + acts + working
-    return {"params": params, "grads": grads, "optim": optim, "activations": acts,
-            "working": working, "total": total}
 
 
 # -------------------------------------------------------------------------------------- time
@@ -115,9 +93,10 @@ def _link(cluster, span):
     return cluster["inter_bw"], cluster["inter_alpha"]
 
 
-def _only(dim, kind):
-    """The calls of one kind of a traffic() entry, as an entry comm_time prices."""
-    return {"kind": {kind: dim["kind"][kind]}, "kind_bytes": {kind: dim["kind_bytes"][kind]}}
+def _only(dim, kinds):
+    """The calls of some kinds of a traffic() entry, as an entry comm_time prices."""
+    return {"kind": {k: c for k, c in dim["kind"].items() if k in kinds},
+            "kind_bytes": {k: b for k, b in dim["kind_bytes"].items() if k in kinds}}
 
 
 def backward_share(model, micro_batch, tp, pp, recompute):
@@ -127,62 +106,88 @@ def backward_share(model, micro_batch, tp, pp, recompute):
     return 1 - forward / stage_flops(model, micro_batch, tp, pp, recompute)
 
 
-def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute,
-              overlap=0.0, chunks=1, sequence_parallel=False, element=BF16):
-    """Seconds of one training step on every GPU, broken down. Per micro-batch the busiest stage
-    computes for c0/p (the cluster's fixed cost of a pass, 0 unless given: its stage's share) plus
-    stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
-    on the link its group spans (the pipeline's sends on p2p_bw / p2p_alpha when the cluster has them);
-    the pipeline runs m v + p - 1 slots of (compute + tensor + sends) / (m v) (lecture 08); the data-
-    parallel traffic comes last, and `overlap` of what a backward can hide ("overlappable": all of it
-    but ZeRO-1/2's parameter all-gather) is hidden, at most the backward compute it runs beside
-    (backward_share; ZeRO-0/1's once-per-step reduction: the last micro-batch's): the rest is exposed."""
-    g, m = dp * tp * pp, global_batch // (dp * micro_batch)
+def _slot(cluster, moved, m, g, tp, pp, cp, ep, flops):
+    """One stage's m micro-batches, by term: compute, then its tensor, context, expert, pipeline calls."""
     rate = cluster["peak_flops"] * cluster["efficiency"]
-    flops = stage_flops(model, micro_batch, tp, pp, recompute)
-    compute = m * (cluster.get("c0", 0.0) / pp + flops / rate)
-    moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, chunks, element,
-                    sequence_parallel)
-    tensor = comm_time(moved["tensor"], tp, *_link(cluster, tp))
     link = _link(cluster, g if pp > 1 else 1)
-    p2p = comm_time(moved["pipeline"], 2, cluster.get("p2p_bw", link[0]), cluster.get("p2p_alpha", link[1]))
-    bubble = (pp - 1) / (m * chunks) * (compute + tensor + p2p)
-    data_link = _link(cluster, tp * dp)
-    data = comm_time(moved["data"], dp, *data_link)
+    return {"compute": m * (cluster.get("c0", 0.0) / pp + flops / rate),
+            "tensor": comm_time(moved["tensor"], tp, *_link(cluster, tp)),
+            "context": comm_time(moved["context"], cp, *_link(cluster, tp * cp)),
+            "expert": comm_time(moved["expert"], ep, *_link(cluster, tp * cp * ep)),
+            "p2p": comm_time(moved["pipeline"], 2, cluster.get("p2p_bw", link[0]),
+                             cluster.get("p2p_alpha", link[1]))}
+
+
+def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute,
+              overlap=0.0, chunks=1, sequence_parallel=False, element=BF16, cp=1, ep=1, stages=None,
+              main_grads=False):
+    """Seconds of one training step on every GPU, broken down. Per micro-batch each stage computes
+    for c0/p (the cluster's fixed cost of a pass, 0 unless given: its stage's share) plus its
+    stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
+    on the link its group spans (the pipeline's sends on p2p_bw / p2p_alpha when the cluster has
+    them); the busiest stage's m micro-batches set the pace, and the pipeline runs m v + p - 1 slots
+    of (its compute + tensor + context + expert + sends) / (m v) (lecture 08); with p > 1, ZeRO-2/3's
+    per-micro-batch data calls sit in every slot, so the bubble grows by (p - 1)/(m v) of them. The
+    data-parallel traffic (the fullest stage's) comes last, and `overlap` of what a backward can hide
+    ("overlappable": all of it but ZeRO-1/2's parameter all-gather) is hidden, at most the backward
+    compute it runs beside (backward_share; ZeRO-0/1's once-per-step reduction: the last
+    micro-batch's): the rest is exposed."""
+    m = global_batch // (dp * micro_batch)
+    opts = dict(chunks=chunks, element=element, sequence_parallel=sequence_parallel, cp=cp, ep=ep,
+                stages=stages, main_grads=main_grads)
+    split = stage_layers(model, pp, stages)
+    slots = {}                                               # one stage of each kind: first, middle, last
+    for i, n in enumerate(split):
+        key = (n, i == 0, i == pp - 1)
+        if key not in slots:
+            moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, stage=i, **opts)
+            flops = stage_flops(model, micro_batch, tp, pp, recompute, n, i == pp - 1, cp)
+            slots[key] = (i, _slot(cluster, moved, m, dp * tp * pp * cp, tp, pp, cp, ep, flops))
+    busiest, slot = max(slots.values(), key=lambda s: (sum(s[1].values()), s[0]))
+    moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, **opts)
+    data_link = _link(cluster, tp * cp * dp)
+    groups = (("data", dp * cp), ("expert_data", dp * cp // ep))
+
+    def data_time(kinds=("all_reduce", "all_gather", "reduce_scatter")):
+        return sum(comm_time(_only(moved[d], kinds), k, *data_link) for d, k in groups)
+    data = data_time()
     # What a backward can hide: the gradients' reduction (ZeRO-3: also the gathers FSDP2 prefetches),
     # not ZeRO-1/2's all-gather of the updated parameters, which follows the optimizer step; and a
     # reduction issued once per step (ZeRO-0/1: after gradient accumulation) overlaps only the last
     # micro-batch's backward, one issued per micro-batch (ZeRO-2/3) every micro-batch's.
-    after_step = moved["data"]["kind"].get("all_gather", 0) if zero in (1, 2) else 0
-    overlappable = data - (comm_time(_only(moved["data"], "all_gather"), dp, *data_link)
-                           if after_step else 0.0)
-    window = compute * backward_share(model, micro_batch, tp, pp, recompute) / (m if zero <= 1 else 1)
+    overlappable = data - (data_time(("all_gather",)) if zero in (1, 2) else 0.0)
+    window = slot["compute"] * backward_share(model, micro_batch, tp, pp, recompute) / (m if zero <= 1 else 1)
     hidden = min(overlap * overlappable, window)
     exposed = data - hidden
-    total = compute + tensor + p2p + bubble + exposed
-    return {"compute": compute, "tensor": tensor, "p2p": p2p, "bubble": bubble, "data": exposed,
-            "hidden": hidden, "overlappable": overlappable, "total": total, "micro_batches": m,
-            "traffic": moved}
+    per_micro_batch = {2: data_time(("reduce_scatter",)), 3: data}.get(zero, 0.0) if pp > 1 else 0.0
+    in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
+    bubble = (pp - 1) / (m * chunks) * (sum(slot.values()) + in_slots)
+    total = sum(slot.values()) + bubble + exposed
+    return {**slot, "bubble": bubble, "data": exposed, "hidden": hidden, "overlappable": overlappable,
+            "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
 
 
 # ---------------------------------------------------------------------------------- the plan
 
 def evaluate(model, cluster, global_batch, micro_batch, dp, tp, pp, zero=0, recompute="full",
-             sequence_parallel=True, overlap=0.0, chunks=1):
+             sequence_parallel=True, overlap=0.0, chunks=1, cp=1, ep=1, stages=None, main_grads=False):
     """One configuration: memory, time, whether it fits (in memory less the reserve), and three rates per
     GPU: "executed" TFLOP/s (the FLOPs it runs, recomputation included: at most peak x efficiency),
     "mfu" (the model's FLOPs without recomputation over the peak) and "tflops", the paper's metric
     (Eq. 3 counts a recomputed forward: only for full recomputation is it a rate of work done).
     Raises ValueError with the reason when it cannot run at all."""
-    why = check(model, cluster, global_batch, micro_batch, dp, tp, pp, chunks)
+    why = check(model, cluster, global_batch, micro_batch, dp, tp, pp, chunks, cp, ep, stages)
     if why:
         raise ValueError(why)
     sp = sequence_parallel and tp > 1
-    mem = memory(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute, sp, chunks)
-    t = step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute, overlap, chunks, sp)
-    g = dp * tp * pp
-    return {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "recompute": recompute, "micro_batch": micro_batch,
-            "m": t["micro_batches"], "sp": sp, "chunks": chunks, "memory": mem, "time": t,
+    more = dict(cp=cp, ep=ep, stages=stages, main_grads=main_grads)
+    mem = memory(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute, sp, chunks, **more)
+    t = step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute, overlap, chunks, sp,
+                  **more)
+    g = dp * tp * pp * cp
+    return {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "recompute": recompute,
+            "micro_batch": micro_batch, "m": t["micro_batches"], "sp": sp, "chunks": chunks,
+            "stages": stage_layers(model, pp, stages), "memory": mem, "time": t,
             "fits": mem["total"] <= cluster["memory"] * (1 - cluster.get("reserve", 0.0)),
             "tflops": paper_flops(model, global_batch) / (t["total"] * g) / 1e12,   # the paper's metric
             "executed": executed_flops(model, global_batch, recompute) / (t["total"] * g) / 1e12,
@@ -190,44 +195,68 @@ def evaluate(model, cluster, global_batch, micro_batch, dp, tp, pp, zero=0, reco
 
 
 def plan(model, cluster, global_batch, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
-         recomputes=RECOMPUTE, sequence_parallel=True, overlap=0.0, chunks=1):
+         recomputes=RECOMPUTE, sequence_parallel=True, overlap=0.0, chunks=1, cps=(1,), eps=(1,),
+         uneven=False, main_grads=False):
     """Every configuration that divides correctly and fits in memory, fastest first (ties: less
-    memory, then the lower ZeRO stage and less recomputation)."""
+    memory, then the lower ZeRO stage and less recomputation). chunks: v, or the v's to try
+    (interleaved 1F1B); cps, eps: the context- and expert-parallel sizes to try; uneven: also the
+    splits whose first and last stages hold fewer layers (stage_splits)."""
     g = cluster["gpus_per_node"] * cluster["nodes"]
-    out = []
-    for dp, tp, pp in layouts(g, cluster["gpus_per_node"], model["heads"], model["layers"]):
-        for b in micro_batches:
-            if check(model, cluster, global_batch, b, dp, tp, pp, chunks):
-                continue
-            for zero in zero_stages:
-                for rc in recomputes:
-                    r = evaluate(model, cluster, global_batch, b, dp, tp, pp, zero, rc,
-                                 sequence_parallel, overlap, chunks)
-                    if r["fits"]:
-                        out.append(r)
+    usable, out = cluster["memory"] * (1 - cluster.get("reserve", 0.0)), []
+    for cp in (c for c in cps if g % c == 0):
+        for dp, tp, pp in layouts(g // cp, cluster["gpus_per_node"], model["heads"], model["layers"], uneven):
+            splits = stage_splits(model["layers"], pp) if uneven else [None]
+            for b, v, ep, split in ((b, v, ep, s) for b in micro_batches for v in _tuple(chunks)
+                                    for ep in eps for s in splits):
+                split = None if split is None or len(set(split)) == 1 else split
+                if check(model, cluster, global_batch, b, dp, tp, pp, v, cp, ep, split):
+                    continue
+                sp = sequence_parallel and tp > 1
+                for zero in zero_stages:
+                    for rc in recomputes:
+                        mem = memory(model, cluster, global_batch, b, dp, tp, pp, zero, rc, sp, v, cp,
+                                     ep, split, main_grads)         # what does not fit is not timed
+                        if mem["total"] > usable:
+                            continue
+                        out.append(evaluate(model, cluster, global_batch, b, dp, tp, pp, zero, rc,
+                                            sequence_parallel, overlap, v, cp, ep, split, main_grads))
     out.sort(key=lambda r: (r["time"]["total"], r["memory"]["total"], r["zero"], RECOMPUTE.index(r["recompute"])))
     return out
 
 
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
 def best_per_layout(ranked):
-    """The fastest configuration of each (dp, tp, pp), in rank order."""
+    """The fastest configuration of each (dp, tp, pp, cp), in rank order."""
     seen, out = set(), []
     for r in ranked:
-        if (r["dp"], r["tp"], r["pp"]) not in seen:
-            seen.add((r["dp"], r["tp"], r["pp"]))
+        key = (r["dp"], r["tp"], r["pp"], r.get("cp", 1))
+        if key not in seen:
+            seen.add(key)
             out.append(r)
     return out
+
+
+def split_label(stages):
+    """'7+14x8+7' for (7, 8, ..., 8, 7); '12x8' for equal stages."""
+    first, *middle, last = stages if len(stages) > 1 else (stages[0], stages[0])
+    if len(set(stages)) == 1:
+        return f"{stages[0]}x{len(stages)}"
+    return "+".join([str(first)] + ([f"{len(middle)}x{middle[0]}"] if middle else []) + [str(last)])
 
 
 def describe(r):
     """One line: the configuration, its time broken down, its memory."""
     t, mem = r["time"], r["memory"]
-    return (f"dp={r['dp']} tp={r['tp']} pp={r['pp']} zero={r['zero']} b={r['micro_batch']} m={r['m']} "
+    extra = "".join(f" {k}={r[k]}" for k in ("cp", "ep", "chunks") if r.get(k, 1) > 1)
+    extra += f" stages {split_label(r['stages'])}" if len(set(r.get("stages", (1,)))) > 1 else ""
+    comm = "".join(f" + {k} {t[k]:.3f}" for k in ("context", "expert") if t.get(k))
+    return (f"dp={r['dp']} tp={r['tp']} pp={r['pp']}{extra} zero={r['zero']} b={r['micro_batch']} m={r['m']} "
             f"{r['recompute']}{' +sp' if r['sp'] else ''}: {t['total']:.3f} s = compute {t['compute']:.3f}"
-            f" + tp {t['tensor']:.3f} + p2p {t['p2p']:.3f} + bubble {t['bubble']:.3f} + dp {t['data']:.3f};"
+            f" + tp {t['tensor']:.3f}{comm} + p2p {t['p2p']:.3f} + bubble {t['bubble']:.3f} + dp {t['data']:.3f};"
             f" {mem['total'] / 1e9:.1f} GB; {r['executed']:.0f} TFLOP/s per GPU executed, MFU {r['mfu']:.0%}")
-
-
 
 
 # this machine (helpers/planner_machine.py), through `planner.` as before

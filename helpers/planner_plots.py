@@ -5,8 +5,9 @@ import matplotlib.pyplot as plt
 
 from helpers import plots
 
-TIME_TERMS = ("compute", "tensor", "p2p", "bubble", "data")
-MEMORY_TERMS = ("params", "grads", "optim", "activations", "working")
+TIME_TERMS = ("compute", "tensor", "context", "expert", "p2p", "bubble", "data")
+MEMORY_TERMS = ("params", "grads", "optim", "activations", "working", "logits")
+CHECK_TERMS = ("compute", "tensor", "p2p", "bubble", "data")    # the small-model mode's terms
 
 
 def label(r):
@@ -15,21 +16,23 @@ def label(r):
 
 
 def plan_bars(shown, memory, usable, title):
-    """Memory (GB per GPU of the first stage, with the GPU's memory and the usable part as lines)
+    """Memory (GB per GPU of the fullest stage, with the GPU's memory and the usable part as lines)
     and step time (s) of the configurations `shown`, each stacked by term."""
     fig, (ax_m, ax_t) = plots.figure(ncols=2, width=12, height=4.2)
     x = range(len(shown))
     for ax, terms, key, scale in ((ax_m, MEMORY_TERMS, "memory", 1e-9), (ax_t, TIME_TERMS, "time", 1.0)):
         bottom = [0.0] * len(shown)
         for i, term in enumerate(terms):
-            values = [r[key][term] * scale for r in shown]
+            values = [r[key].get(term, 0.0) * scale for r in shown]
+            if not any(values):                  # a term no shown configuration pays
+                continue
             ax.bar(x, values, bottom=bottom, color=plots.COLORS[i], label=term)
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.set_xticks(list(x), [label(r) for r in shown], fontsize=7)
         ax.legend(fontsize=7)
     ax_m.axhline(memory * 1e-9, color=plots.REFERENCE, ls="--", lw=1)
     ax_m.axhline(usable * 1e-9, color=plots.REFERENCE, ls=":", lw=1)        # less the reserve
-    ax_m.set_ylabel("GB per GPU (first stage)")
+    ax_m.set_ylabel("GB per GPU (fullest stage)")
     ax_m.set_title("memory, best configuration of each layout")
     ax_t.set_ylabel("seconds per step")
     ax_t.set_title(title)
@@ -41,7 +44,7 @@ def check_bars(rows, title):
     fig, ax = plots.figure(width=11, height=3.8)
     for j, r in enumerate(rows):
         bottom = 0.0
-        for i, term in enumerate(TIME_TERMS):
+        for i, term in enumerate(CHECK_TERMS):
             ax.bar(j - 0.2, r[term], 0.4, bottom=bottom, color=plots.COLORS[i],
                    label=None if j else term)
             bottom += r[term]

@@ -1,6 +1,6 @@
 """Lecture 14 (a planner for N-D parallelism): its key measured claim, with negative controls.
 
-The claim (notebooks/14_planner.ipynb, section 3): the planner's step_time on this machine's figures
+The claim (notebooks/14_planner.ipynb, section 4): the planner's step_time on this machine's figures
 (measured in the same launch, with as many ranks busy as the run: planner_machine.measure, the
 function bench/planner.py uses too) predicts nd3d.train's measured step of every (dp, tp, pp) layout
 of 4 ranks (6 layouts, 2-D and 3-D among them) with a median |relative error| of at most 50 %: the
@@ -11,6 +11,10 @@ Negative controls: the same measurements against a model 5 times too slow fail t
 construction, once the claim holds: a control that cannot pass by luck); and the overlap cap:
 on the lecture's GPT-3 175B plan, hiding `overlap` of the data traffic without the cap hides more
 than the compute it overlaps (the bug the cap fixes), while the planner's step keeps it below.
+
+Section 3's `differences` (torch's fake-process-group counts against planner.traffic, moved here from
+lecture 13) is checked on the planner's own dicts: none against itself, and a layout off by one
+factor is seen; the counts themselves are tests/test_fake_mesh.py's.
 """
 import statistics
 from pathlib import Path
@@ -18,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import nd3d
-from helpers import bench, paper, planner, planner_machine, shape
+from course.planner import differences
+from helpers import bench, fake_mesh, paper, planner, planner_machine, shape
 
 LECTURE = Path(shape.NOTEBOOKS) / "14_planner.ipynb"
 BOUND = 0.5
@@ -79,3 +84,13 @@ def test_a_once_per_step_reduction_hides_only_behind_the_last_backward():
     t1 = planner.step_time(model, cluster, 1536, 2, 128, 8, 1, 2, "full", overlap=1.0)
     gather = t1["data"] + t1["hidden"] - t1["overlappable"]     # ZeRO-2's parameter all-gather
     assert gather > 0 and t1["data"] == pytest.approx(gather)   # everything else is hidden
+
+
+def test_differences_sees_a_layout_off_by_a_factor():
+    model = fake_mesh.stack_model(2, 4096, 32, 32)
+    right = planner.traffic(model, 128, 1, 128, 8, 1, zero=3)
+    assert differences(right, right) == {}
+    off = differences(planner.traffic(model, 128, 1, 128, 4, 1, zero=3), right)   # tp off by 2
+    assert set(off) == {("data", "all_gather"), ("data", "reduce_scatter")}       # S: t x fewer
+    redo = differences(planner.traffic(model, 128, 1, 128, 8, 1, zero=3, recompute="none"), right)
+    assert redo == {("tensor", "all_reduce"): (-2 * 2, -2 * 2 * 2 * 32 * 4096)}    # 2 a layer

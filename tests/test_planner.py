@@ -1,7 +1,9 @@
 """Tests of helpers/planner.py (with planner_counts.py, planner_machine.py) and helpers/paper.py: memory,
 traffic and time computed by hand, the overlap cap, the efficiency fitted and the baselines, feasibility rules,
 ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
-the alpha-beta inversion, and the paper's table against itself. Fast: no process group."""
+the alpha-beta inversion, the paper's table against itself, and the layouts production runs make
+(unequal stages, interleaving, context and expert parallelism, logits and fp32 main gradients in
+memory, ZeRO-2/3 with a pipeline), each by hand with a negative control. Fast: no process group."""
 import math
 
 import pytest
@@ -352,3 +354,127 @@ def test_configurations_and_summary_pool_the_rank_counts():
     assert [r["K"] for r in rows] == [2, 2, 2] and set(machines) == {2}
     assert per_round == [pytest.approx(0.0, abs=1e-6), pytest.approx(0.5, abs=1e-6)]
     assert 0.0 < median < 0.5
+
+
+# ----------------------------------------------------------- layouts as production runs make them
+
+FIVE = dict(TOY, layers=5)                              # 5 layers: p = 2 does not divide them
+
+
+def test_unequal_stages_plan_a_layer_count_pp_does_not_divide():
+    assert planner.stage_splits(126, 16) == [(7,) + (8,) * 14 + (7,)]     # Llama 3 405B's
+    assert planner.stage_splits(12, 4)[0] == (3, 3, 3, 3)                 # k = L/p: equal
+    assert planner.stage_splits(96, 64) == []                             # no k fits
+    assert all(pp == 1 for _, _, pp in planner.layouts(8, 4, 2, 5))
+    assert {pp for _, _, pp in planner.layouts(8, 4, 2, 5, uneven=True)} == {1, 2}
+    # negative control: without a split, 5 layers on 2 stages are refused
+    assert "layers" in planner.check(FIVE, CLUSTER, 8, 1, 4, 1, 2)
+    assert "summing" in planner.check(FIVE, CLUSTER, 8, 1, 4, 1, 2, stages=(2, 2))
+    # (dp, tp, pp) = (4, 1, 2), b = 1, m = 2, ZeRO-0, stages (2, 3): a layer (1000 - 128)/5 = 174.4
+    mem = planner.memory(FIVE, CLUSTER, 8, 1, 4, 1, 2, 0, "none", stages=(2, 3))
+    act = 4 * 1 * 8 * (34 + 5 * 2 * 4 / 8)                             # s b h (34 + 5as/h)
+    first = 16 * (2 * 174.4 + 128) + 2 * act * 2                        # embedding, 2 in flight
+    last = 16 * 3 * 174.4 + 3 * act * 1 + 6 * 4 * 16                    # 1 in flight, logits
+    assert mem["stages"] == [pytest.approx(first), pytest.approx(last)] and mem["stage"] == 0
+    t = planner.step_time(FIVE, CLUSTER, 8, 1, 4, 1, 2, 0, "none", stages=(2, 3))
+    one_forward = 24 * 4 * 5 * 64 * (1 + 4 / 48)
+    busiest = 3 * (3 * one_forward / 5) + 6 * 4 * 8 * 16                # the last: 3 layers, logits
+    assert t["stage"] == 1 and t["compute"] == pytest.approx(2 * busiest / 500)
+    assert planner.stage_flops(FIVE, 1, 1, 2) < busiest                  # L // p = 2 would miss one
+    # the data traffic is the fullest stage's parameters: the last's 523.2, not the first's 476.8
+    assert t["traffic"]["data"]["kind_bytes"] == {"all_reduce": pytest.approx(2 * 3 * 174.4)}
+
+
+def test_interleaving_divides_the_bubble_and_is_used_where_it_pays():
+    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)                                  # m = 4, p = 2
+    one = planner.step_time(*args, zero=0, recompute="none")
+    two = planner.step_time(*args, zero=0, recompute="none", chunks=2)
+    assert two["p2p"] == pytest.approx(2 * one["p2p"]) and two["compute"] == one["compute"]
+    assert two["bubble"] == pytest.approx((2 - 1) / (2 * 4) * (two["compute"] + two["tensor"] + two["p2p"]))
+
+    def chosen(cluster):                       # the chunks of the (2, 2, 2) layout's best
+        return next(r["chunks"] for r in planner.plan(TOY, cluster, 8, chunks=(1, 2))
+                    if (r["dp"], r["tp"], r["pp"]) == (2, 2, 2))
+    assert chosen(dict(CLUSTER, p2p_bw=1e9, p2p_alpha=0.0)) == 2         # free sends: it pays
+    assert chosen(dict(CLUSTER, p2p_bw=1e9, p2p_alpha=1e3)) == 1         # control: sends cost more
+
+
+def test_context_parallelism_by_hand():
+    # 8 GPUs as (dp, tp, pp, cp) = (2, 2, 1, 2); m = 4; a = 2 b (s/cp) h = 32 bytes
+    f = lambda **kw: planner.traffic(TOY, 8, 1, 2, 2, 1, zero=0, cp=2, **kw)   # noqa: E731
+    t = f(recompute="none")
+    assert t["context"]["kind"] == {"send": 4 * 4 * (3 * 2 - 2)}          # L m (3c - 2)
+    assert t["context"]["bytes"] == 64 * (2 * 32 / 2)                     # K and V over tp
+    assert f(recompute="full")["context"]["calls"] == 4 * 4 * (3 * 2 - 2 + 1)
+    assert t["tensor"]["kind_bytes"] == {"all_reduce": 64 * 32}           # half of cp = 1's
+    step = planner.step_time(TOY, CLUSTER, 8, 1, 2, 2, 1, 0, "none", cp=2)
+    assert step["compute"] == pytest.approx(4 * planner.stage_flops(TOY, 1, 2, 1) / 2 / 500)
+    assert step["context"] == pytest.approx(64 * (0.5 + 32 / 100))        # t c = 4: one node
+    # the gradients: over the d c = 4 ranks holding the same weights, across the 2 nodes
+    assert step["data"] == pytest.approx(cost.ring_all_reduce(1000, 4, 10.0, 1.0))
+    assert step["data"] != pytest.approx(cost.ring_all_reduce(1000, 2, 10.0, 1.0))   # control: d alone
+    mem = planner.memory(TOY, CLUSTER, 8, 1, 2, 2, 1, 1, "none", cp=2)
+    assert mem["optim"] == 12 * 500 / 4
+    assert mem["activations"] == 4 * planner.activation_bytes_per_layer(TOY, 1, 2, "none", True) / 2
+    assert "sequence" in planner.check(TOY, CLUSTER, 8, 1, 1, 2, 1, cp=4)     # s = 4: 8 chunks
+    assert "GPUs" in planner.check(TOY, CLUSTER, 8, 1, 2, 2, 2, cp=2)
+
+
+def test_expert_parallelism_by_hand():
+    moe = dict(TOY, params=None, experts=4, top_k=2)
+    dense = dict(TOY, params=None)
+    assert planner.param_count(moe) == pytest.approx(planner.param_count(dense) + 4 * 3 * 8 * 64)
+    assert planner.executed_flops(moe, 8) - planner.executed_flops(dense, 8) == pytest.approx(
+        3 * 16 * 1 * 8 * 4 * 4 * 64)                                      # k - 1 = 1 more MLP
+    assert "ep" in planner.check(TOY, CLUSTER, 8, 1, 4, 2, 1, ep=2)       # a dense GPT: ep = 1
+    assert "ep" in planner.check(moe, CLUSTER, 8, 1, 4, 2, 1, ep=3)       # 3 does not divide 4
+    # (dp, tp, pp) = (4, 2, 1), ep = 2: m = 2, a = 64 bytes, 4 all-to-alls of k a per layer
+    t = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none", ep=2)
+    assert t["expert"]["kind"] == {"all_to_all": 4 * 4 * 2}
+    assert t["expert"]["bytes"] == 32 * 2 * 64
+    layer, expert = planner.layer_params(moe, 2, 2)
+    assert expert == 2 * 8 * 64 / 2                                       # E/ep experts, over tp
+    assert t["expert_data"]["kind_bytes"] == {"all_reduce": 2 * 4 * expert}
+    assert t["data"]["kind_bytes"] == {"all_reduce": pytest.approx(2 * (4 * layer + 128 / 2))}
+    step = planner.step_time(moe, CLUSTER, 8, 1, 4, 2, 1, 0, "none", ep=2)
+    assert step["expert"] == pytest.approx(32 * (0.5 + 128 / (2 * 100)))
+    mem = planner.memory(moe, CLUSTER, 8, 1, 4, 2, 1, 1, "none", ep=2)
+    assert mem["optim"] == pytest.approx(12 * ((4 * layer + 64) / 4 + 4 * expert / 2))
+    no_ep = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none")   # control: ep = 1
+    assert no_ep["expert"]["calls"] == 0 and no_ep["expert_data"]["kind_bytes"] == {
+        "all_reduce": 2 * 4 * 2 * expert}                                 # all 4 experts, over 4 ranks
+
+
+def test_memory_holds_the_logits_and_fp32_main_gradients():
+    one = planner.memory(TOY, CLUSTER, 8, 2, 4, 2, 1, 0, "none")          # p = 1: one stage
+    assert one["logits"] == 6 * 4 * 2 * 16 / 2                          # s b V / t, bf16 + fp32
+    assert one["total"] == pytest.approx(sum(one[k] for k in (
+        "params", "grads", "optim", "activations", "working", "logits")))
+    two = planner.memory(TOY, CLUSTER, 8, 1, 2, 2, 2, 0, "none")          # p = 2: on the last
+    assert two["logits"] == 0 and two["stage"] == 0
+    assert two["stages"][1] == pytest.approx(16 * 218 + 2 * 624 + 6 * 4 * 16 / 2)
+    main = planner.memory(TOY, CLUSTER, 8, 2, 4, 2, 1, 0, "none", main_grads=True)
+    assert main["grads"] == 2 * one["grads"] and main["params"] == one["params"]
+    t = planner.traffic(TOY, 8, 1, 2, 2, 2, zero=1, main_grads=True)
+    assert t["data"]["kind_bytes"] == {"reduce_scatter": 4 * 282, "all_gather": 2 * 282}
+    assert planner.traffic(TOY, 8, 1, 2, 2, 2, zero=1)["data"]["kind_bytes"]["reduce_scatter"] == 564
+
+
+def test_zero_2_and_3_with_a_pipeline_pay_their_calls_in_every_slot():
+    args = (TOY, CLUSTER, 8, 1, 2, 2, 2)                                  # m = 4, p = 2
+    for zero in (1, 2, 3):
+        t = planner.step_time(*args, zero=zero, recompute="none")
+        slot = t["compute"] + t["tensor"] + t["p2p"]
+        per_micro_batch = {1: 0.0, 2: 4 * (0.5 + 564 / 200), 3: t["data"]}[zero]
+        assert t["bubble"] == pytest.approx((2 - 1) / 4 * (slot + per_micro_batch)), zero
+    flat = planner.step_time(TOY, CLUSTER, 8, 1, 4, 2, 1, zero=3, recompute="none")
+    assert flat["bubble"] == 0                                           # control: no pipeline
+
+
+def test_options_only_add_choices():
+    for model, more in ((FIVE, dict(uneven=True)), (TOY, dict(chunks=(1, 2))), (TOY, dict(cps=(1, 2)))):
+        base, ranked = planner.plan(model, CLUSTER, 8), planner.plan(model, CLUSTER, 8, **more)
+        assert len(ranked) > len(base) and ranked[0]["time"]["total"] <= base[0]["time"]["total"]
+    base = planner.plan(TOY, CLUSTER, 8)
+    main = planner.plan(TOY, CLUSTER, 8, main_grads=True)                 # costs, never gains
+    assert main[0]["time"]["total"] >= base[0]["time"]["total"] and len(main) <= len(base)

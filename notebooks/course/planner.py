@@ -1,0 +1,17 @@
+"""Lecture 14's pieces that later lectures reuse, exactly as notebooks/14_planner.ipynb shows them
+(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+
+
+
+def differences(counted, formula, dims=("tensor", "data")):
+    """{(dim, kind): (calls, bytes)} counted beyond the formula (negative: fewer)."""
+    out = {}
+    for dim in dims:
+        got, want = counted.get(dim, {}), formula.get(dim, {})
+        for kind in sorted(set(got.get("kind", {})) | set(want.get("kind", {}))):
+            calls = got.get("kind", {}).get(kind, 0) - want.get("kind", {}).get(kind, 0)
+            nbytes = (got.get("kind_bytes", {}).get(kind, 0)
+                      - want.get("kind_bytes", {}).get(kind, 0))
+            if calls or nbytes:
+                out[dim, kind] = (calls, nbytes)
+    return out
