@@ -13,11 +13,17 @@ the claim:
 - a store-and-forward chunked broadcast: a rank passes no chunk on before it holds them all, so
   the chunks do not pipeline: (K-1) S steps instead of K-2+S.
 
+Section 6 tells a student how to turn the ring the other way (issue 33's trial); the recipe, applied
+to the lecture's source, must give a ring that sends left and sums right, and half of it (the
+neighbours swapped, the chunk numbers not) must sum wrong.
+
 The pieces are imported from notebooks/course/ring_math.py, which is what the lecture shows
 (tests/test_saved.py). The paced link takes time on a clock that needs no core, so these timings
 hold on a loaded machine; each test takes a few seconds.
 """
 import functools
+import inspect
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +31,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from course import ring_math
 from course.ring_math import (assert_near_model, exchange, ring_all_gather, ring_all_reduce,
                               ring_broadcast, ring_reduce_scatter)
-from helpers import bench, cost, shape, standins
+from helpers import bench, cost, shape, standins, trace
 from helpers.spawn import spawn
 
 GBPS = 0.02          # the paced link: 256 KiB take 13 ms
@@ -161,6 +168,58 @@ def test_the_ring_reduce_scatter_and_all_gather_agree_with_the_library(k):
         for mine_rs, lib_rs, mine_ag, lib_ag in per_rank:
             torch.testing.assert_close(mine_rs, lib_rs, rtol=1e-12, atol=1e-12)  # sum order
             torch.testing.assert_close(mine_ag, lib_ag, rtol=0, atol=0)          # copies
+
+
+NEIGHBOURS = "right, left = (rank + 1) % k, (rank - 1) % k"
+
+
+def _turned(chunk_signs=True):
+    """The lecture's ring reduce-scatter and all-gather turned the other way as section 6 says
+    (the student's trial of issue 33): `right` and `left` swapped and, with chunk_signs, every
+    minus in the chunk numbers a plus. Rebuilt from their source, so the recipe follows the code."""
+    src = "".join(inspect.getsource(f) for f in (ring_reduce_scatter, ring_all_gather))
+    assert src.count(NEIGHBOURS) == 2, "the lecture's ring no longer names right and left so"
+    src = src.replace(NEIGHBOURS, "right, left = (rank - 1) % k, (rank + 1) % k")
+    if chunk_signs:
+        src, n = re.subn(r"\(rank - step[ \-0-9]*\)", lambda m: m[0].replace("-", "+"), src)
+        assert n == 4, f"the recipe expects 4 chunk numbers (rank - step ...), found {n}"
+    space = dict(vars(ring_math))
+    exec(compile(src, "turned", "exec"), space)
+    return space["ring_reduce_scatter"], space["ring_all_gather"]
+
+
+def _turned_all_reduce(rank, k, sizes, chunk_signs):
+    reduce_scatter, all_gather = _turned(chunk_signs)
+    out = []
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(7919 * rank + n),
+                        dtype=torch.float64)
+        with trace.calls() as log:
+            chunks = list(x.tensor_split(k))
+            reduce_scatter(chunks)
+            all_gather(chunks)
+        out.append((x, {c.peer for c in log.select("send")}))
+    return out
+
+
+def _plain_sum(k, n):
+    return sum(torch.randn(n, generator=torch.Generator().manual_seed(7919 * r + n),
+                           dtype=torch.float64) for r in range(k))
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_the_ring_turned_the_other_way_as_the_lecture_says_still_sums_and_half_turned_does_not(k):
+    """Section 6's recipe gives a ring that sends to the left and sums right, on sizes K does not
+    divide too; the negative control swaps only `right` and `left`: on sizes K divides, where every
+    send still finds its receive, its sums are wrong (on the others it hangs, as the lecture says)."""
+    sizes = [1, 5, 1001, 12 * k]
+    for rank, per_n in enumerate(spawn(_turned_all_reduce, k, args=(sizes, True), backend="gloo")):
+        for n, (x, peers) in zip(sizes, per_n):
+            torch.testing.assert_close(x, _plain_sum(k, n), rtol=1e-12, atol=1e-12)
+            assert peers == {(rank - 1) % k} or (n < k and peers <= {(rank - 1) % k}), \
+                f"rank {rank} sent to ranks {peers}, not to its left only"
+    half = spawn(_turned_all_reduce, k, args=([12 * k], False), backend="gloo", timeout=60)
+    assert any(not torch.allclose(x, _plain_sum(k, 12 * k)) for [(x, _)] in half)
 
 
 def test_the_pipelined_tree_model():
