@@ -1,7 +1,8 @@
 """The instructor's site, opened in headless Chromium with the network off: the index and every lecture
 page load, the sidebar lists every lecture in order, the page has its table of contents, prev/next
-and the machine banner, figures and formulas render, the download links resolve, and the offline
-search finds a term in the one lecture that holds it.
+and the machine banner, figures and formulas render, no code cell scrolls sideways at a laptop's
+1280 px, the download links resolve, and the offline search finds a term in the one lecture that
+holds it.
 
 The site is built (helpers.site.write_site, Sphinx) from the notebooks tests/test_notebooks.py
 executed in this session, so `make test` executes each lecture once; run alone, this test executes
@@ -84,7 +85,11 @@ addEventListener('load', function () {
       return s.getBoundingClientRect().width; }),
     links: Array.from(document.querySelectorAll('a[href]')).map(function (a) { return a.getAttribute('href'); }),
     items: Array.from(document.querySelectorAll('li')).map(function (li) { return li.innerText; }),
-    widgets: widgets, failed: probeFailed, text: document.body.innerText.length};
+    widgets: widgets, failed: probeFailed, text: document.body.innerText.length,
+    // code a reader would scroll sideways to read: a cell's input wider than its box
+    wide_code: Array.from(document.querySelectorAll('.cell_input pre')).filter(function (p) {
+      return p.scrollWidth > p.clientWidth + 1; }).map(function (p) {
+      return p.innerText.split('\n').reduce(function (a, l) { return l.length > a.length ? l : a; }, ''); })};
   var pre = document.createElement('pre');
   pre.id = 'site-probe';
   pre.style.display = 'none';
@@ -257,6 +262,8 @@ def test_page_loads_and_its_figures_render(browser, built_site, executed_dir, sr
     assert report["maths"] >= expected, \
         f"{name} draws {report['maths']} formulas; its markdown has {expected} (is the maths MathML?)"
     assert not report["tex"], f"{name} shows raw TeX, maths that did not render: {report['tex']}"
+    assert not report["wide_code"], \
+        f"{name}: code scrolls sideways at 1280 px, e.g. {report['wide_code'][0]!r} (site.css)"
 
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     state = state.get("state", {})
