@@ -10,7 +10,7 @@ communicates is not counted), then `step(mesh, *parts)` inside `helpers.trace.ca
 Every traced call must be on the group of one mesh dimension (`mesh_log`: any other group stops
 the run); with `torch_count=True` torch's own `CommDebugMode` must count as many calls. What
 `step` returns comes back assembled: every DTensor in it (a sharded gradient or parameter)
-as its full tensor.
+as its full tensor, its placements under "placements" ({"params.w": "(Shard(dim=0),)"}).
 """
 import contextlib
 import math
@@ -38,11 +38,13 @@ def per_dimension(log, names):
 
 
 def quiet():
-    """Silence three true, harmless notices (2-D full_tensor, a view, a hook)."""
+    """Silence four true, harmless notices (2-D full_tensor, a view, a hook, and DTensor's
+    all-gather in place of an all-to-all on CPU, which the tracer counts)."""
     import logging
     import warnings
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    logging.getLogger("torch.distributed.tensor._collective_utils").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     warnings.filterwarnings("ignore", message="Full backward hook is firing when")
 
@@ -60,6 +62,19 @@ def full(value):
     return value
 
 
+def placements(value, path=""):
+    """{path: str(placements)} of every DTensor in `value` (dicts, lists, tuples), the path
+    joining keys and indices with dots: {"params.blocks.0.w": "(Shard(dim=0), Replicate())"}."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return {path: str(value.placements)}
+    items = (value.items() if isinstance(value, dict) else
+             enumerate(value) if isinstance(value, (list, tuple)) else ())
+    return {k: v for key, item in items
+            for k, v in placements(item, f"{path}.{key}" if path else str(key)).items()}
+
+
 def _rank(rank, K, parts, step, shape, names, args, torch_count):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
@@ -73,7 +88,7 @@ def _rank(rank, K, parts, step, shape, names, args, torch_count):
     log = mesh_log(calls, mesh)
     if torch_count:
         assert torch_calls.get_total_counts() == len(log), torch_calls.get_comm_counts()
-    return dict(full(out), log=log)
+    return dict(full(out), log=log, placements=placements(out))
 
 
 def run(parts, step, shape, names, args=(), backend="auto", torch_count=False):
@@ -93,3 +108,21 @@ def table(counted, model):
     modelled = {(dm, k): v[2] for dm, kinds in model.items() for k, v in kinds.items()}
     report.table([dict(zip(cols, (dm, k, c, n, s, modelled.get((dm, k), "-"))))
                   for dm, kinds in counted.items() for k, (c, n, s) in kinds.items()], cols)
+
+
+def draw_bytes(ax, counted, model, names, coords):
+    """Bars: the bytes (N, KiB) of each rank's calls per mesh dimension, counted; black ticks:
+    the model's. counted, model: per rank, as per_dimension gives them; coords: per rank."""
+    from helpers import plots
+
+    width = 0.81 / len(names)
+    xs = [float(r) for r in range(len(counted))]
+    for i, (dim, color) in enumerate(zip(names, plots.COLORS[1:])):
+        at = [x + (i - (len(names) - 1) / 2) * width for x in xs]
+        ax.bar(at, [sum(v[1] for v in got[dim].values()) / 1024 for got in counted], width,
+               color=color, label=f'"{dim}"')
+        ax.plot(at, [sum(v[1] for v in m[dim].values()) / 1024 for m in model], "_",
+                color="black", ms=16, mew=2)
+    ax.set_xticks(xs, [str(tuple(c)) for c in coords])
+    ax.set(xlabel=f"rank's ({', '.join(names)}) coordinate", ylabel="KiB in its calls (N)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))

@@ -12,6 +12,11 @@ Runs or models made wrong on purpose must fail it:
   forward flops exceed the model's.
 The ring's result is also checked against tiny.attention (float64), so the counted run is a right one.
 
+The ring is group-aware (`group`, default the world): on 4 ranks, two rings of 2 on the lines
+{0, 2} and {1, 3}, each over its own sequence, equal attention forward and backward, and every
+send and receive is on the rank's line's group. The negative control: the same data with the rings
+run over {0, 1} and {2, 3} (the wrong group) is not attention.
+
 The pieces are imported from notebooks/course/sequence_context_parallel.py, which is what the
 lecture shows (tests/test_saved.py).
 """
@@ -23,7 +28,7 @@ import torch
 
 from course.sequence_context_parallel import (contiguous, merge, ring_attention, ring_pass,
                                               scores, zigzag)
-from helpers import cp_bench, shape, tiny
+from helpers import cp_bench, shape, tiny, trace
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "11_sequence_context_parallel.ipynb"
@@ -135,6 +140,61 @@ def test_a_ring_computing_the_future_blocks_fails_it():
     with pytest.raises(AssertionError):
         cp_bench.assert_work([f for _, f in runs], _pairs(zigzag(K)), forward_per_pair,
                              "zigzag, future blocks computed")
+
+
+LINES, WRONG = [[0, 2], [1, 3]], [[0, 1], [2, 3]]   # rings of 2 on 4 ranks: right, wrong group
+
+
+def _line_data(line):
+    """q, k, v, dout of the sequence of line `line`: 2 chunks for each of its 2 ranks."""
+    gen = torch.Generator().manual_seed(10 + line)
+    return [torch.randn(B, A, 4 * N, D, generator=gen, dtype=torch.float64) for _ in range(4)]
+
+
+def _ring_in_group(rank, world, data_lines, ring_lines):
+    """This rank's chunks of its data line's sequence, the ring run over its ring line's group."""
+    import torch.distributed as dist
+
+    group, _ = dist.new_subgroups_by_enumeration(ring_lines)
+    line = next(i for i, ranks in enumerate(data_lines) if rank in ranks)
+    chunks = zigzag(2)
+    mine = chunks[data_lines[line].index(rank)]
+    q, k, v, dout = (_take(t, mine) for t in _line_data(line))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with trace.calls() as log:
+        out = ring_attention(q, k, v, chunks, group)
+        out.backward(dout)
+    ranks = {c.ranks for c in log.calls}
+    return out.detach(), [t.grad for t in (q, k, v)], ranks, {c.kind for c in log.calls}
+
+
+def _attention_of_line(rank, data_lines):
+    line = next(i for i, ranks in enumerate(data_lines) if rank in ranks)
+    mine = zigzag(2)[data_lines[line].index(rank)]
+    q, k, v, dout = _line_data(line)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = tiny.attention(q, k, v)
+    out.backward(dout)
+    return [_take(t, mine) for t in (out.detach(), q.grad, k.grad, v.grad)]
+
+
+def test_the_ring_runs_inside_a_group():
+    for rank, (out, grads, ranks, kinds) in enumerate(
+            spawn(_ring_in_group, 4, args=(LINES, LINES), backend="gloo")):
+        torch.testing.assert_close([out, *grads], _attention_of_line(rank, LINES),
+                                   rtol=1e-12, atol=1e-12)
+        assert ranks == {tuple(next(l for l in LINES if rank in l))}   # its line's group only
+        assert kinds == {"send", "recv"}
+
+
+def test_a_ring_over_the_wrong_group_is_not_attention():
+    runs = spawn(_ring_in_group, 4, args=(LINES, WRONG), backend="gloo")
+    for rank, (out, grads, ranks, _) in enumerate(runs):
+        assert ranks == {tuple(next(l for l in WRONG if rank in l))}
+    with pytest.raises(AssertionError):
+        for rank, (out, grads, _, _) in enumerate(runs):
+            torch.testing.assert_close([out, *grads], _attention_of_line(rank, LINES),
+                                       rtol=1e-12, atol=1e-12)
 
 
 def test_the_lecture_has_the_shape():

@@ -17,12 +17,17 @@ sent, exactly; counts do not depend on the load):
 - section 1's HSDP step (FSDP2 on a ("replicate", "shard") mesh of (2, 2)), model from
   `fsdp_unit_bytes` and `expected`;
 - section 4's data x expert x tensor MoE step on (2, 2, 2), model `moe_bytes` from the one-process
-  routing (`moe_reference`'s kept table).
-Made wrong on purpose, each must fail: a model off by one collective (HSDP: one all-reduce fewer
-on "replicate"; MoE: the counts exchange left out) is not what the ranks counted, and a step with
-one dimension's reduction skipped (HSDP: FSDP2's all-reduce across rows; MoE: the experts' and
-router's all-reduces on "dp") is not equal to one process. A call on a group that is no mesh
-dimension's stops the run (mesh_bench's attribution misses nothing).
+  routing (`moe_reference`'s kept table);
+- section 5's data x context step on (2, 2): a transformer block, lecture 11's zig-zag chunks and
+  its ring attention run on the "cp" group, gradients all-reduced over "cp" and "dp"; model:
+  3c-2 sends and receives of a rank's K and V on "cp", one all-reduce per parameter tensor on each
+  dimension.
+Made wrong on purpose, each must fail: a model off by one call (HSDP: one all-reduce fewer on
+"replicate"; MoE: the counts exchange left out; context: one ring pass fewer) is not what the ranks
+counted, and a step with one dimension's reduction skipped (HSDP: FSDP2's all-reduce across rows;
+MoE: the experts' and router's all-reduces on "dp"; context: the all-reduces on "cp") or its ring
+run over the wrong group ("dp" instead of "cp") is not equal to one process. A call on a group
+that is no mesh dimension's stops the run (mesh_bench's attribution misses nothing).
 
 The code shown in section 3's markdown is nd3d.py's own, line by line.
 """
@@ -35,9 +40,12 @@ import torch
 import torch.distributed as dist
 
 from course.expert_parallel import expert_mlp, make_router, moe_reference
+from course import nd_parallelism
 from course.nd_parallelism import (CPU_ALL_TO_ALL, REDISTRIBUTE, assert_redistribute,
-                                   expected, fsdp_unit_bytes, hsdp_split, mlp_parts, mlp_step,
-                                   moe_bytes, moe_parts, moe_step, redistribute_calls)
+                                   cp_parts, cp_step, cp_tokens, expected, fsdp_unit_bytes,
+                                   hsdp_split, mlp_parts, mlp_step, moe_bytes, moe_parts,
+                                   moe_step, redistribute_calls)
+from course.sequence_context_parallel import zigzag
 from helpers import mesh_bench, patching, shape, tiny
 from helpers.spawn import spawn
 
@@ -140,6 +148,9 @@ def test_hsdp_equals_one_process_and_counts_exactly_its_model(hsdp_runs):
     for run in hsdp_runs:
         torch.testing.assert_close(run["grads"], grads, **TIGHT)
         assert mesh_bench.per_dimension(run["log"], HSDP) == _hsdp_model(MLP["depth"])
+        where = run["placements"]            # mesh_bench: each DTensor's placements, on the rank
+        assert sorted(where) == sorted(f"grads.{n}" for n in grads)
+        assert set(where.values()) == {"(Replicate(), Shard(dim=0))"}
 
 
 def test_an_hsdp_model_off_by_one_all_reduce_fails(hsdp_runs):
@@ -221,3 +232,84 @@ def test_a_call_on_a_group_of_no_mesh_dimension_stops_the_run():
         mesh_bench.run(lambda mesh: (), _off_the_mesh, (2, 2), ("dp", "tp"), backend="gloo")
     with pytest.raises(ValueError, match="needs 2 names"):
         mesh_bench.run(lambda mesh: (), _off_the_mesh, (2, 2), ("dp",))
+
+
+# ------------------------------------------------------------------ data x context (section 5)
+
+CP = dict(dim=16, heads=2, seq=16, batch=4)               # section 5's block, as the lecture's
+CP_SHAPE, CP_NAMES = (2, 2), ("dp", "cp")
+
+
+def _cp(step=cp_step):
+    return mesh_bench.run(cp_parts, step, CP_SHAPE, CP_NAMES, args=(CP,), backend="gloo")
+
+
+def _cp_reference():
+    h, a, s, B = CP.values()
+    block = tiny.transformer(dim=h, heads=a, depth=1, max_seq=s, seed=0).blocks[0]
+    x, y = (t.view(B, s, h) for t in tiny.batch(B * s, h, seed=4))
+    x.requires_grad_()
+    out = block(x)
+    ((out - y) ** 2).sum().backward()
+    return block, out.detach(), x.grad
+
+
+def _assert_cp_equal(run, rank, reference):
+    block, out, x_grad = reference
+    i, j = rank // 2, rank % 2                        # (dp, cp) of the row-major (2, 2) mesh
+    want = [cp_tokens(t[2 * i:2 * i + 2], zigzag(2)[j], 4) for t in (out, x_grad)]
+    grads = {n: p.grad for n, p in block.named_parameters()}
+    torch.testing.assert_close((run["out"], run["x"], run["grads"]), (*want, grads), **TIGHT)
+
+
+def _cp_model(block, passes):
+    kv = 2 * 2 * 8 * CP["dim"] * 8                    # K and V of 2 sequences x 8 tokens
+    grads = [(1, 8 * p.numel()) for p in block.parameters()]
+    return expected({"cp": {"send": [(passes, kv)], "recv": [(passes, kv)], "all_reduce": grads},
+                     "dp": {"all_reduce": grads}}, dict(dp=2, cp=2))
+
+
+@pytest.fixture(scope="module")
+def cp_runs():
+    return _cp()
+
+
+def test_data_context_equals_one_process_and_counts_exactly_its_model(cp_runs):
+    reference = _cp_reference()
+    for rank, run in enumerate(cp_runs):
+        _assert_cp_equal(run, rank, reference)
+        assert mesh_bench.per_dimension(run["log"], CP_NAMES) == _cp_model(reference[0], 4)
+
+
+def test_a_context_model_one_ring_pass_short_fails(cp_runs):
+    block = _cp_reference()[0]
+    for run in cp_runs:
+        assert mesh_bench.per_dimension(run["log"], CP_NAMES) != _cp_model(block, 3)
+
+
+def _ring_on_dp(mesh, *parts):
+    """cp_step with its ring attention run on the "dp" group instead of "cp"."""
+    real = nd_parallelism.ring_attention
+
+    def on_dp(q, k, v, chunks, group):
+        return real(q, k, v, chunks, mesh.get_group("dp"))
+
+    with patching.patched(nd_parallelism, ring_attention=on_dp):
+        return cp_step(mesh, *parts)
+
+
+def test_a_ring_over_the_wrong_group_is_not_one_process():
+    reference, runs = _cp_reference(), _cp(_ring_on_dp)
+    for run in runs:                                  # the ring's calls went to "dp"
+        assert "send" in mesh_bench.per_dimension(run["log"], CP_NAMES)["dp"]
+    with pytest.raises(AssertionError):
+        for rank, run in enumerate(runs):
+            _assert_cp_equal(run, rank, reference)
+
+
+def test_data_context_without_its_cp_reduction_is_not_one_process():
+    reference = _cp_reference()
+    for rank, run in enumerate(_cp(_skipping("cp", cp_step))):
+        assert "all_reduce" not in mesh_bench.per_dimension(run["log"], CP_NAMES)["cp"]
+        with pytest.raises(AssertionError):
+            _assert_cp_equal(run, rank, reference)

@@ -4,7 +4,8 @@ import math
 import torch
 import torch.distributed as dist
 from course.expert_parallel import expert_mlp, make_router, moe_layer
-from helpers import ep_bench, tiny, trace
+from course.sequence_context_parallel import ring_attention, zigzag
+from helpers import ep_bench, mesh_bench, tiny, trace
 from helpers.spawn import device
 
 
@@ -16,18 +17,15 @@ REDISTRIBUTE = {  # (from, to) on a mesh dimension of n ranks: collective, bytes
     ("Replicate", "Shard(0)"): (None, lambda N, n: 0)}
 CPU_ALL_TO_ALL = ("all_gather", lambda N, n: (n - 1) * N // n)   # torch 2.13 on CPU
 
-
 def redistribute_calls(rank, K, shape, full, table=REDISTRIBUTE):
     """Each move of `table` on "tp": {(from, to): ([(kind, dim, sent)], local)}."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,
                                           distribute_tensor)
-    import logging                    # the CPU fallback's notice, counted below
-    logging.getLogger("torch.distributed.tensor._collective_utils").setLevel("ERROR")
+    mesh_bench.quiet()                # notices (among them the CPU fallback: counted)
     place = {"Partial": Partial(), "Replicate": Replicate(), "Shard(0)": Shard(0),
              "Shard(1)": Shard(1)}
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
-    dims = {mesh.get_group(d).group_name: d for d in ("dp", "tp")}
     n, j = mesh.size(1), mesh.get_local_rank("tp")
     out = {}
     for src, dst in table:
@@ -38,10 +36,9 @@ def redistribute_calls(rank, K, shape, full, table=REDISTRIBUTE):
             x = distribute_tensor(full, mesh, [Replicate(), place[src]])
         with trace.calls(strict=True) as log:
             y = x.redistribute(mesh, [Replicate(), place[dst]])
-        calls = [(c.kind, dims[c.group], c.ring_sent) for c in log.calls]
+        calls = [(k, dim, sent) for dim, k, _, sent in mesh_bench.mesh_log(log, mesh)]
         out[src, dst] = (calls, y.to_local())
     return out
-
 
 def assert_redistribute(counted, N, n, table=REDISTRIBUTE, cpu=True):
     """Each transition made exactly the table's collective on "tp", with its bytes."""
@@ -58,13 +55,11 @@ def hsdp_split(model, mesh):
         fully_shard(block, mesh=mesh)                # one FSDP unit per block
     return fully_shard(model, mesh=mesh)             # the root (no parameters)
 
-
 def my_rows(mesh, data, n):
     """This rank's share of n rows, split over the mesh dimension(s) `data`."""
     ranks = mesh[data].mesh.flatten().tolist()       # the ranks that split the batch
     i, d = ranks.index(dist.get_rank()), len(ranks)
     return slice(i * n // d, (i + 1) * n // d)
-
 
 def mlp_parts(mesh, split, data, cfg):
     """The seeded MLP split on the mesh by `split`; this rank's rows of the batch."""
@@ -72,7 +67,6 @@ def mlp_parts(mesh, split, data, cfg):
     x, y = tiny.batch(cfg["batch"], cfg["dim"], seed=1, device=device())
     rows = my_rows(mesh, data, len(x))
     return split(model, mesh), x[rows], y[rows]
-
 
 def mlp_step(mesh, model, x, y):
     loss = tiny.loss(model(x), y)
@@ -84,12 +78,12 @@ def fsdp_unit_bytes(local_shapes, d, elem=8):
     """N of FSDP2's all-gather (or reduce-scatter) of a unit: dim 0 padded to d."""
     return elem * sum(d * math.ceil(s[0] / d) * math.prod(s[1:]) for s in local_shapes)
 
-
 def ring(kind, N, n):
     """Bytes a rank sends in a collective of N bytes over n ranks (lecture 02's ring;
-    an all-to-all: (n-1)/n of N, exact for even splits only)."""
+    an all-to-all: (n-1)/n of N, exact for even splits only); a send N, a receive 0."""
+    if kind in ("send", "recv"):
+        return N if kind == "send" else 0
     return (2 if kind == "all_reduce" else 1) * (n - 1) * N // n
-
 
 def expected(calls, sizes):
     """{dim: {kind: [calls, N, sent]}} from {dim: {kind: [(calls, N of one), ...]}}."""
@@ -110,7 +104,6 @@ def moe_parts(mesh, cfg):
     rows = my_rows(mesh, ("dp", "ep"), len(x))
     router = make_router(h, E).to(device())
     return router, mine, x[rows].requires_grad_(), y[rows], cfg["k"]
-
 
 def moe_step(mesh, router, mine, x, y, k):
     out, _, _ = moe_layer(x, router, mine, k, None, group=mesh.get_group("ep"))
@@ -136,3 +129,32 @@ def moe_bytes(kept, i, j, cfg, shape):
                      "tp": {"all_reduce": [(2, N) for N in chunks]},
                      "dp": {"all_reduce": local + [(1, 8 * h * E)]}},   # W1 b1 W2 b2
                     dict(dp=d, ep=e, tp=t))
+
+def cp_tokens(t, mine, n):
+    """The chunks `mine` (n tokens each) of t's sequences (dim 1), side by side."""
+    return torch.cat([t[:, i * n:(i + 1) * n] for i in mine], dim=1)
+
+def cp_parts(mesh, cfg):
+    """The seeded block, whole; this rank's sequences, its zig-zag chunks of them."""
+    B, s, h, c = cfg["batch"], cfg["seq"], cfg["dim"], mesh["cp"].size()
+    block = tiny.transformer(dim=h, heads=cfg["heads"], depth=1, max_seq=s, seed=0,
+                             device=device()).blocks[0]
+    x, y = (t.view(B, s, h) for t in tiny.batch(B * s, h, seed=4, device=device()))
+    rows, chunks = my_rows(mesh, "dp", B), zigzag(c)
+    mine = chunks[mesh.get_local_rank("cp")]
+    x, y = (cp_tokens(t[rows], mine, s // (2 * c)) for t in (x, y))
+    return block, x.requires_grad_(), y, chunks
+
+def cp_step(mesh, block, x, y, chunks):
+    (b, m, h), attn = x.shape, block.attn
+    q, k, v = (t.view(b, m, attn.heads, -1).transpose(1, 2)
+               for t in attn.qkv(block.ln1(x)).split(h, -1))
+    o = ring_attention(q, k, v, chunks, mesh.get_group("cp"))   # the ring on "cp"
+    x1 = x + attn.proj(o.transpose(1, 2).reshape(b, m, h))
+    out = x1 + block.mlp(block.ln2(x1))                  # token by token: unchanged
+    ((out - y) ** 2).sum().backward()
+    for dim in ("cp", "dp"):                             # replicas on both dimensions
+        for p in block.parameters():
+            dist.all_reduce(p.grad, group=mesh.get_group(dim))
+    grads = {name: p.grad for name, p in block.named_parameters()}
+    return dict(out=out.detach(), x=x.grad, grads=grads)

@@ -24,24 +24,25 @@ def scores(q, k, i, j):
         sc = sc.masked_fill(mask, float("-inf"))
     return sc
 
-def ring_pass(x):
-    """Post: send x to the next rank, receive the previous one's -> (buffer, works)."""
-    rank, K = dist.get_rank(), dist.get_world_size()
+def ring_pass(x, group=None):
+    """Post: send x to the next rank of group (None: all), get the previous one's."""
+    rank, K = dist.get_rank(group), dist.get_world_size(group)    # ranks in the group
     got = torch.empty_like(x)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % K),
-                                    dist.P2POp(dist.irecv, got, (rank - 1) % K)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, x, group=group, group_peer=(rank + 1) % K),
+        dist.P2POp(dist.irecv, got, group=group, group_peer=(rank - 1) % K)])
     return got, works
 
-def ring_forward(q, k, v, chunks):
+def ring_forward(q, k, v, chunks, group=None):
     """q, k, v: (b, heads, 2n, d), this rank's two chunks; chunks: each rank's ids."""
-    rank, K = dist.get_rank(), dist.get_world_size()
+    rank, K = dist.get_rank(group), dist.get_world_size(group)
     qs = q.chunk(2, dim=-2)
     out = [torch.zeros_like(x) for x in qs]
     lse = [torch.full_like(x[..., :1], float("-inf")) for x in qs]
     kv = torch.stack([k, v])                 # keys and values travel together
     for t in range(K):
         if t < K - 1:
-            arriving, works = ring_pass(kv)  # the next block, in flight meanwhile
+            arriving, works = ring_pass(kv, group)  # the next block, in flight
         ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
         for iq, i in enumerate(chunks[rank]):          # iq, jk: positions in the lists
             for jk, j in enumerate(chunks[(rank - t) % K]):
@@ -55,8 +56,8 @@ def ring_forward(q, k, v, chunks):
             kv = arriving
     return torch.cat(out, dim=-2), torch.cat(lse, dim=-2)
 
-def ring_backward(q, k, v, out, lse, dout, chunks):
-    rank, K = dist.get_rank(), dist.get_world_size()
+def ring_backward(q, k, v, out, lse, dout, chunks, group=None):
+    rank, K = dist.get_rank(group), dist.get_world_size(group)
     delta = (dout * out).sum(dim=-1, keepdim=True)
     qs, dos, ls, ds_ = (x.chunk(2, dim=-2) for x in (q, dout, lse, delta))
     dq = torch.zeros_like(q)
@@ -65,7 +66,7 @@ def ring_backward(q, k, v, out, lse, dout, chunks):
     root = q.shape[-1] ** 0.5
     for t in range(K):
         if t < K - 1:
-            arriving, works = ring_pass(kv)
+            arriving, works = ring_pass(kv, group)
         ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
         dks, dvs = dkv[0].chunk(2, dim=-2), dkv[1].chunk(2, dim=-2)  # views of dkv
         dqs = dq.chunk(2, dim=-2)
@@ -80,20 +81,22 @@ def ring_backward(q, k, v, out, lse, dout, chunks):
         if t < K - 1:
             [w.wait() for w in works]
             kv = arriving
-        dkv, works = ring_pass(dkv)          # dK, dV go on with their block
+        dkv, works = ring_pass(dkv, group)   # dK, dV go on with their block
         [w.wait() for w in works]
     return dq, dkv[0], dkv[1]                # after K passes: this rank's own block's
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, chunks):
-        out, lse = ring_forward(q, k, v, chunks)
+    def forward(ctx, q, k, v, chunks, group=None):
+        out, lse = ring_forward(q, k, v, chunks, group)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.chunks = chunks
+        ctx.chunks, ctx.group = chunks, group
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        return (*ring_backward(*ctx.saved_tensors, dout.contiguous(), ctx.chunks), None)
+        dq, dk, dv = ring_backward(*ctx.saved_tensors, dout.contiguous(), ctx.chunks,
+                                   ctx.group)
+        return dq, dk, dv, None, None
 
 ring_attention = RingAttention.apply
