@@ -80,6 +80,18 @@ def test_parameters_cell_has_the_common_names_in_upper_case(path):
     assert all(n.isupper() for n in names), f"knobs are UPPER_CASE: {names}"
 
 
+@by_name
+def test_papermill_reads_the_parameters_cell_without_a_warning(path, caplog):
+    """papermill parses the parameters cell line by line (`papermill --help-notebook`, and every
+    headless run) and warns 'Unable to parse line' at a line it cannot read, e.g. a comment holding
+    '=' after a tuple assignment."""
+    import papermill
+
+    with caplog.at_level("WARNING", logger="papermill"):
+        papermill.inspect_notebook(str(path))
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
 def assigned_names(source):
     """Names a cell binds in the notebook's namespace (`X = ...`, `X, Y = ...`, `X += ...`, `for X in ...`)."""
     def bound(target):  # a name, or the names of a tuple/list target; not `x[i] = ...` or `x.a = ...`
