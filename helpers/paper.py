@@ -12,7 +12,9 @@ Large-Scale Language Model Training on GPU Clusters Using Megatron-LM - 技术�
 Megatron-LM README shows the same table as an image, images/cases_april2021.png). Cross-checked:
 check_table() recomputes every row's parameters with the paper's Eq. 2 (within 1 %) and its aggregate
 PFLOP/s and % of peak from the per-GPU TFLOP/s; the abstract's 1T row (502 PFLOP/s on 3072 GPUs, 52 %).
-All rows: vocabulary 51,200, sequence 2048, A100 80GB in DGX A100 nodes (Selene).
+All rows: vocabulary 51,200, sequence 2048, A100 80GB in DGX A100 nodes (Selene). How each row ran
+(the micro-batch size and the interleaved schedule's layers per chunk, which the table does not
+print): Megatron-LM's examples/sc21/run_table_1.sh, the script that reproduces it (AS_RUN).
 """
 import math
 import statistics
@@ -49,9 +51,17 @@ TABLE1 = [
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0),
 ]
 VOCAB, SEQ = 51200, 2048
-MICRO = (1, 2, 4, 8)   # Table 1 does not give the micro-batch size: the best of these that fits
-# What Megatron-LM had in 2021: no ZeRO, no sequence parallelism, full recomputation or none.
-MEGATRON_2021 = dict(zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False)
+# How each row ran: Megatron-LM's examples/sc21/run_table_1.sh, the script that reproduces Table 1
+# (the table does not print them): the micro-batch size (MBS) and the layers per virtual pipeline
+# stage (--num-layers-per-virtual-pipeline-stage; None: the plain 1F1B schedule), so v = L/(p n)
+# chunks; every row with full recomputation (--activations-checkpoint-method uniform).
+AS_RUN = [(16, None), (16, None), (16, None), (8, None), (4, None), (2, 5), (2, 5), (1, 3), (1, 1),
+          (1, None)]
+MICRO = (1, 2, 4, 8, 16)   # the micro-batch sizes the planner tries (theirs among them)
+# What Megatron-LM had in 2021: no ZeRO, no sequence parallelism, full recomputation or none,
+# the interleaved schedule (the paper's section 2.2.2) with up to 6 chunks per stage.
+MEGATRON_2021 = dict(zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False,
+                     chunks=(1, 2, 3, 4, 5, 6))
 
 
 def a100_cluster(gpus, efficiency=0.6, reserve=0.1):
@@ -77,14 +87,20 @@ def check_table():
         assert abs(row[8] / 312 * 100 - row[9]) < 1.0, row                   # % of the 312 TFLOP/s peak
 
 
+def chunks(row):
+    """v, the interleaved schedule's chunks per stage, of Table 1's `row` as run (AS_RUN)."""
+    layers, p, per_chunk = row[3], row[5], AS_RUN[TABLE1.index(row)][1]
+    return 1 if per_chunk is None else layers // (p * per_chunk)
+
+
 def as_run(row, cluster):
-    """Their (t, p, d) as Eq. 3 assumes it ran: full recomputation, no ZeRO, no sequence parallelism,
-    the best micro-batch size that fits; None if none fits."""
+    """Their configuration as it ran (AS_RUN): their t, p, micro-batch size and interleaving, full
+    recomputation (Eq. 3 counts it), no ZeRO, no sequence parallelism. Evaluated whether or not the
+    planner's memory model says it fits (it ran): "fits" says whether it does."""
     model, (t, p, gpus, batch) = row_model(row), row[4:8]
-    runs = [planner.evaluate(model, cluster, batch, b, gpus // (t * p), t, p, 0, "full", False)
-            for b in MICRO if not planner.check(model, cluster, batch, b, gpus // (t * p), t, p)]
-    runs = [r for r in runs if r["fits"]]
-    return min(runs, key=lambda r: r["time"]["total"]) if runs else None
+    b = AS_RUN[TABLE1.index(row)][0]
+    return planner.evaluate(model, cluster, batch, b, gpus // (t * p), t, p, 0, "full", False,
+                            chunks=chunks(row))
 
 
 FIT_ROW = 0      # the row the efficiency is fitted on: 1.7B, t = p = 1, the one layout without tensor or
@@ -99,7 +115,7 @@ def fit_efficiency(row=FIT_ROW, lo=0.05, hi=1.0, iters=60):
     for _ in range(iters):
         mid = (lo + hi) / 2
         run = as_run(row, a100_cluster(row[6], mid))
-        lo, hi = (mid, hi) if run is None or run["tflops"] < row[8] else (lo, mid)
+        lo, hi = (mid, hi) if run["tflops"] < row[8] else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -131,7 +147,7 @@ def compare(efficiency=None):
     """Per Table 1 row: their t, p, d and TF/s; the planner's TF/s for their configuration as run, at
     `efficiency` (None: fitted on row FIT_ROW, fit_efficiency) and its error, beside two baselines'
     errors, the constant (the fitted row's TF/s for every row) and the trend (trend()); the planner's
-    best layout (2021 options), its executed TF/s (work done: Eq. 3's metric would count a forward it
+    best layout (2021 options, interleaving included), its executed TF/s (work done: Eq. 3's metric would count a forward it
     does not run) and how much longer their configuration's step is; the rank of theirs among the
     layouts, each at its best, and `choice`; the largest time terms by which their layout at its best
     differs from the planner's best, its recomputation and whether it fits without recomputation."""
@@ -145,22 +161,23 @@ def compare(efficiency=None):
         ranked = planner.best_per_layout(planner.plan(model, cluster, batch, MICRO, **MEGATRON_2021))
         rank = next((i + 1 for i, r in enumerate(ranked) if (r["tp"], r["pp"], r["dp"]) == (t, p, d)), None)
         best, theirs = ranked[0], (ranked[rank - 1] if rank else None)
-        fits_none = any(planner.evaluate(model, cluster, batch, b, d, t, p, 0, "none", False)["fits"]
-                        for b in MICRO if not planner.check(model, cluster, batch, b, d, t, p))
+        v = chunks(row)
+        fits_none = any(planner.evaluate(model, cluster, batch, b, d, t, p, 0, "none", False, chunks=v)["fits"]
+                        for b in MICRO if not planner.check(model, cluster, batch, b, d, t, p, v))
         gaps = {k: theirs["time"][k] - best["time"][k] for k in ("compute", "tensor", "p2p", "bubble", "data")} \
             if theirs else {}
         why = ", ".join(f"{k} {v:+.2f} s" for k, v in sorted(gaps.items(), key=lambda kv: -abs(kv[1]))[:2]
                         if abs(v) > 5e-3) if rank != 1 else ""
-        out.append({"model": f"{row[0]:g}B", "GPUs": gpus, "t,p,d": f"{t},{p},{d}", "paper TF/s": tflops,
-                    "predicted TF/s": run["tflops"] if run else float("nan"),
-                    "error": run["tflops"] / tflops - 1 if run else float("nan"),
+        out.append({"model": f"{row[0]:g}B", "GPUs": gpus, "t,p,d": f"{t},{p},{d}",
+                    "b,v": f"{run['micro_batch']},{run['chunks']}", "as run fits": run["fits"],
+                    "paper TF/s": tflops, "predicted TF/s": run["tflops"], "error": run["tflops"] / tflops - 1,
                     "constant error": TABLE1[FIT_ROW][8] / tflops - 1, "trend error": trend(i) / tflops - 1,
                     "fitted": i == FIT_ROW, "efficiency": efficiency,
                     "rank": f"{rank}/{len(ranked)}" if rank else "-", "rank_n": rank, "choice": choice(ranked, rank),
                     "planner t,p,d": f"{best['tp']},{best['pp']},{best['dp']}",
-                    "planner b, recompute": f"{best['micro_batch']}, {best['recompute']}",
+                    "planner b,v, recompute": f"{best['micro_batch']},{best['chunks']}, {best['recompute']}",
                     "planner executed TF/s": best["executed"],
-                    "step vs planner's": run["time"]["total"] / best["time"]["total"] - 1 if run else float("nan"),
+                    "step vs planner's": run["time"]["total"] / best["time"]["total"] - 1,
                     "theirs minus planner's": why, "theirs": theirs, "fits without recompute": fits_none,
                     "run": run, "best": best})
     return out
@@ -174,7 +191,8 @@ def skill(rows):
 
 def table(rows):
     from helpers import report
-    report.table(rows, ["model", "GPUs", "t,p,d", "paper TF/s", "predicted TF/s", "error", "constant error",
-                        "trend error", "rank", "choice", "planner t,p,d", "planner b, recompute",
+    report.table(rows, ["model", "GPUs", "t,p,d", "b,v", "paper TF/s", "predicted TF/s", "error",
+                        "constant error", "trend error", "rank", "choice", "planner t,p,d",
+                        "planner b,v, recompute",
                         "planner executed TF/s", "step vs planner's", "theirs minus planner's"],
                  floatfmt="{:.3g}")

@@ -69,6 +69,8 @@ def check(model, cluster, global_batch, micro_batch, dp, tp, pp, chunks=1, cp=1,
         return f"pp*chunks={pp * chunks} does not divide the {L} layers"
     if stages is not None and (len(stages) != pp or sum(stages) != L or min(stages) < 1):
         return f"stages {tuple(stages)}: pp={pp} counts of at least 1 layer, summing to {L}"
+    if chunks > 1 and pp == 1:
+        return "interleaved chunks need a pipeline (pp > 1)"
     if stages is not None and chunks > 1 and len(set(stages)) > 1:
         return "interleaved chunks need equal stages here"
     if cp > 1 and model["seq"] % (2 * cp):

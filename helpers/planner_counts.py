@@ -7,7 +7,9 @@ A model dict: layers, hidden, heads, vocab, seq, params (None: Narayanan et al. 
 optionally how its parameters sit on the stages (defaults: Megatron-LM's GPT, Eq. 2's count):
 layer_split (per layer, split over tp; default (P - Vh)/L), layer_whole (per layer, whole on every tp
 rank: norms, row-parallel biases; 0), embed (first stage; V h), embed_split (over tp; True), head (last
-stage; 0, tied to the embedding), head_split (True: vocabulary-parallel), head_whole (0), p2p_split
+stage; default tied to the embedding: none with p = 1, and with p > 1 the copy of the embedding that
+Megatron-LM keeps on the last stage for the logits, V h, its gradients all-reduced with the first
+stage's once per step), head_split (True: vocabulary-parallel), head_whole (0), p2p_split
 (True: a pipeline send carries 1/tp of the activation, Megatron's scatter/gather or sequence
 parallelism's shard; False: the whole activation, as nd3d sends it); experts (E, 0: dense) and top_k
 (k, 1): a mixture-of-experts model, every layer's MLP (8 h^2) replaced by E experts of 8 h^2 of which
@@ -102,18 +104,22 @@ def layer_params(model, tp, ep=1):
 
 def stage_param_split(model, tp, pp, stages=None, ep=1):
     """[(dense, expert)] parameters on one GPU of each stage: its layers, the embedding on the first
-    and the head on the last (both with p = 1)."""
+    and the head on the last (both with p = 1); a tied head (no "head" key) is a copy of the
+    embedding on the last stage when p > 1, as Megatron-LM keeps it."""
     dense, expert = layer_params(model, tp, ep)
-    embed = model.get("embed", model["vocab"] * model["hidden"]) / (tp if model.get("embed_split", True) else 1)
-    head = model.get("head", 0) / (tp if model.get("head_split", True) else 1) + model.get("head_whole", 0)
     split = stage_layers(model, pp, stages)
+    words = model.get("embed", model["vocab"] * model["hidden"])
+    embed = words / (tp if model.get("embed_split", True) else 1)
+    tied = words if len(split) > 1 else 0                    # the last stage's copy, p > 1
+    head = model.get("head", tied) / (tp if model.get("head_split", True) else 1) + model.get("head_whole", 0)
     return [(n * dense + (embed if i == 0 else 0) + (head if i == len(split) - 1 else 0), n * expert)
             for i, n in enumerate(split)]
 
 
 def stage_params(model, tp, pp, stages=None, ep=1):
     """Parameters on one GPU of the fullest pipeline stage. With the defaults (Eq. 2, a tied head,
-    equal stages): (P - Vh)/(t p) + Vh/t, the first stage's, which holds the word embedding."""
+    equal stages): (P - Vh)/(t p) + Vh/t, the first stage's, which holds the word embedding (and the
+    last's, which holds its copy when p > 1)."""
     return max(d + e for d, e in stage_param_split(model, tp, pp, stages, ep))
 
 
@@ -164,14 +170,18 @@ def traffic(model, global_batch, micro_batch, dp, tp, pp, zero=0, recompute="ful
       attention's and the MLP's row-parallel linear), backward 2 (the Partial input gradients of the
       column-parallel linears), a full recomputation 2 more. With sequence parallelism
       (SequenceParallel on the norms) each all_reduce becomes an all_gather and a reduce_scatter,
-      each of S = a: the same time on a ring, twice the calls and twice the sum of S.
+      each of S = a: the same time on a ring, twice the calls and twice the sum of S. In an MoE model
+      with ep > 1 the MLP's pair gathers and scatters the routed tokens (Megatron-Core's alltoall
+      dispatcher, experts split over tp): S = k a for those, a for the attention's.
       Deliberately left out: the vocabulary-parallel embedding's and loss's collectives.
     context (cp > 1), ring attention as lecture 11 runs it, per layer and micro-batch: forward cp-1
       sends of this rank's K and V (2 a / t: heads split over tp), backward cp-1 more and cp sends of
       their gradients, a full recomputation cp-1 more.
     expert (ep > 1, an MoE model), per layer and micro-batch: 2 all_to_all forward (dispatch, combine:
-      lecture 12), 2 backward, 2 more in a full recomputation, each of S = k a (every token to its k
-      experts, capacity factor 1); the counts' exchange (E integers) is left out.
+      lecture 12), 2 backward, 2 more in a full recomputation, each of S = k a / t (every token to its
+      k experts, capacity factor 1; each of the t tensor-parallel ranks dispatches its 1/t of the
+      tokens, the sequence-parallel shard Megatron-Core requires with tp > 1); the counts' exchange
+      (E integers) is left out.
     pipeline (p > 1), per micro-batch and chunk, one activation forward and one gradient backward
       sent by a middle stage: 2 m v sends of a / t (p2p_split, Megatron's scatter/gather; a with
       p2p_split False). The matching receives are the neighbours' sends, not counted again.
@@ -188,29 +198,33 @@ def traffic(model, global_batch, micro_batch, dp, tp, pp, zero=0, recompute="ful
       per-micro-batch calls are priced as such (planner.step_time puts them in every slot).
     expert_data (an MoE model, d cp / ep > 1): the same for the experts' parameters, over the ranks
       holding the same experts.
-    Not counted: the loss's and the optimizer's small collectives, gradient clipping's norm."""
+    Not counted: the loss's and the optimizer's small collectives, gradient clipping's norm, and with
+    p > 1 the all_reduce of the tied embedding's gradients between the first and the last stage
+    (once per step, V h / t values: milliseconds beside a step of seconds)."""
     s, h = model["seq"] // cp, model["hidden"]
     split = stage_layers(model, pp, stages)
     layers = max(split) if stage is None else split[stage]
     m = global_batch // (dp * micro_batch)
     act = element * micro_batch * s * h
     full = recompute == "full"
+    experts, k = _moe(model)
+    routed = k if ep > 1 and experts else 1                  # the MLP's tokens, k copies with ep
     tensor = _dim()
     if tp > 1:
         n = 2 * (3 if full else 2) * layers * m          # 2 per layer and pass
-        if sequence_parallel:
-            tensor = _dim(all_gather=(n, n * act), reduce_scatter=(n, n * act))
+        if sequence_parallel:                            # half of them the attention's, half the MLP's
+            sp = n * act * (1 + routed) / 2
+            tensor = _dim(all_gather=(n, sp), reduce_scatter=(n, sp))
         else:
             tensor = _dim(all_reduce=(n, n * act))
     context = _dim()
     if cp > 1:
         n = layers * m * ((cp - 1) * (2 + full) + cp)
         context = _dim(send=(n, n * 2 * act / tp))
-    experts, k = _moe(model)
     expert = _dim()
     if ep > 1 and experts:
         n = 2 * (3 if full else 2) * layers * m
-        expert = _dim(all_to_all=(n, n * k * act))
+        expert = _dim(all_to_all=(n, n * k * act / tp))
     pipeline = _dim()
     if pp > 1:
         n = 2 * m * chunks

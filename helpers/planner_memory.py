@@ -24,12 +24,18 @@ def activation_bytes_per_layer(model, micro_batch, tp, recompute, sequence_paral
 def memory(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recompute,
            sequence_parallel=True, chunks=1, cp=1, ep=1, stages=None, main_grads=False):
     """Bytes per GPU of the fullest pipeline stage (equal stages: the first, with the word embedding
-    and min(p, m) micro-batches in flight), broken down, and every stage's total ("stages")."""
+    and min(p, m) micro-batches in flight), broken down, and every stage's total ("stages").
+    Recomputation's working memory is what one layer rematerialises: with a full one the whole layer,
+    sbh(34 + 5as/h) (/ t with sequence parallelism), with a selective one the attention core
+    sbh 5as/h (the rest of the layer is kept anyway). Interleaved (v = chunks > 1): stage i holds the warm-up's chunks and one more, min(2(p - i - 1)
+    + (v - 1)p + 1, m v) chunks of n/v layers (Megatron-LM's forward_backward_pipelining_with_
+    interleaving); on the first stage L (1 + (p - 1)/(p v)) layers, Korthikanti et al. 2022's 4.2.3."""
     m = global_batch // (dp * micro_batch)
     per_layer = activation_bytes_per_layer(model, micro_batch, tp, recompute, sequence_parallel, cp)
     working = 0.0                                            # lecture 10, section 6: working memory
-    if recompute != "none":                                  # one layer rematerialised at a time
-        working += activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, cp)
+    if recompute != "none":                                  # what one layer rematerialises at a time:
+        working += (activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, cp)
+                    - per_layer * (recompute == "selective"))   # the whole layer / its attention core
     if zero >= 3:                                            # a layer's gathered weights and grads, x2 prefetch
         experts, h = _moe(model)[0], model["hidden"]
         weights = 12 * h ** 2 if not experts else (4 + 8 * experts / ep) * h ** 2
@@ -44,8 +50,8 @@ def memory(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recomput
             return (nbytes * dense / (shards if zero >= stage else 1)
                     + nbytes * expert / (expert_shards if zero >= stage else 1))
         in_flight = min(pp - i, m)                           # 1F1B: stage i holds min(p - i, m) (lecture 08)
-        if chunks > 1:                                       # interleaving (Korthikanti et al. 2022, 4.2.3;
-            in_flight *= 1 + (pp - 1) / (pp * chunks)        # not re-read here)
+        if chunks > 1:                                       # interleaved: chunks of n/v layers in flight
+            in_flight = min(2 * (pp - i - 1) + (chunks - 1) * pp + 1, m * chunks) / chunks
         # the last stage's logits of one micro-batch: bf16, and fp32 for the loss (6 bytes a value)
         logits = (BF16 + 4) * micro_batch * model["seq"] / cp * vocab if i == pp - 1 else 0.0
         mem = {"params": states(BF16, 3), "grads": states(grad, 2), "optim": states(12, 1),

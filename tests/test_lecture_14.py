@@ -15,7 +15,13 @@ than the compute it overlaps (the bug the cap fixes), while the planner's step k
 Section 3's `differences` (torch's fake-process-group counts against planner.traffic, moved here from
 lecture 13) is checked on the planner's own dicts: none against itself, and a layout off by one
 factor is seen; the counts themselves are tests/test_fake_mesh.py's.
+
+Section 5's prose quotes the comparison with Narayanan et al.'s Table 1 (efficiency, the three median
+errors, which layouts are forced, tied, picked or not chosen): checked against paper.compare(), so a
+paragraph written for another comparison (before their rows were priced as run) fails.
 """
+import json
+import re
 import statistics
 from pathlib import Path
 
@@ -94,3 +100,36 @@ def test_differences_sees_a_layout_off_by_a_factor():
     assert set(off) == {("data", "all_gather"), ("data", "reduce_scatter")}       # S: t x fewer
     redo = differences(planner.traffic(model, 128, 1, 128, 8, 1, zero=3, recompute="none"), right)
     assert redo == {("tensor", "all_reduce"): (-2 * 2, -2 * 2 * 2 * 32 * 4096)}    # 2 a layer
+
+
+def _markdown(title):
+    """The text of the lecture's markdown cells from the one starting with `title` to the next code."""
+    cells, out, on = json.loads(LECTURE.read_text())["cells"], [], False
+    for c in cells:
+        text = "".join(c["source"])
+        on = on or (c["cell_type"] == "markdown" and text.startswith(title))
+        if on and c["cell_type"] == "code":
+            break
+        if on:
+            out.append(text)
+    return " ".join(" ".join(out).split())
+
+
+def test_section_5s_numbers_are_those_the_paper_comparison_gives():
+    # the prose quotes the comparison's figures: they must be the ones paper.compare() computes (with
+    # the configurations as Megatron-LM ran them); a prose written for another comparison fails
+    rows = paper.compare()
+    text = _markdown("## 5. Checked against the paper")
+    got = re.search(r"efficiency ([0-9.]+); median \|error\| over the nine predicted rows "
+                    r"([0-9.]+) % for the planner, ([0-9.]+) % for the constant, ([0-9.]+) %", text)
+    assert got, "section 5 no longer quotes the comparison"
+    skill = paper.skill(rows)
+    assert float(got[1]) == pytest.approx(rows[0]["efficiency"], abs=5e-4)
+    for quoted, key in zip(got.groups()[1:], ("error", "constant error", "trend error")):
+        assert float(quoted) == pytest.approx(100 * skill[key], abs=0.05), key
+    choices = {r["model"]: r["choice"] for r in rows}
+    assert choices["76.1B"] == "forced" and choices["1008B"] == "pick"
+    assert sum(c.startswith("tie") for c in choices.values()) == 5
+    for model, gap in re.findall(r"([0-9.]+B) \(\+([0-9]+) %\)", text):
+        assert choices[model] == f"not chosen, +{gap}%", model
+    assert len([c for c in choices.values() if c.startswith("not chosen")]) == 3

@@ -3,7 +3,9 @@ traffic and time computed by hand, the overlap cap, the efficiency fitted and th
 ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
 the alpha-beta inversion, the paper's table against itself, and the layouts production runs make
 (unequal stages, interleaving, context and expert parallelism, logits and fp32 main gradients in
-memory, ZeRO-2/3 with a pipeline), each by hand with a negative control. Fast: no process group."""
+memory, ZeRO-2/3 with a pipeline, the last stage's copy of a tied embedding, each stage's interleaved
+warm-up, MoE all-to-alls of each tensor-parallel rank's tokens), each by hand with a negative control;
+Table 1's rows as Megatron-LM's script ran them (micro-batch, interleaving). Fast: no process group."""
 import math
 
 import pytest
@@ -35,10 +37,23 @@ def test_memory_zero3_full_recompute_and_no_sp():
     mem = planner.memory(TOY, CLUSTER, 8, 1, 2, 2, 2, zero=3, recompute="full", sequence_parallel=False)
     assert (mem["params"], mem["grads"], mem["optim"]) == (282, 282, 1692)   # everything / dp
     # full recomputation keeps 2 s b h per layer, not divided by t without sequence parallelism;
-    # m = 8 / 2 = 4 micro-batches, stage 0 holds min(pp=2, 4) = 2
-    assert mem["activations"] == 2 * (2 * 4 * 8) * 2
+    # m = 8 / 2 = 4 micro-batches, stage 0 holds min(pp=2, 4) = 2, the last 1 and the logits,
+    # 6 s b V / t = 192, and with p > 1 the same parameters (its copy of the tied embedding):
+    # the last is the fullest here
+    assert mem["stage"] == 1 and mem["activations"] == 2 * (2 * 4 * 8) * 1 and mem["logits"] == 192
+    assert mem["stages"][0] == mem["total"] - 192 + 2 * (2 * 4 * 8)
     # working: one layer rematerialised, s b h (10 + (24 + 5as/h)/t), and ZeRO-3's gathered layer
     assert mem["working"] == 4 * 8 * (10 + (24 + 5) / 2) + 2 * 2 * 2 * 12 * 64 / 2
+
+
+def test_recomputation_working_memory_is_what_one_layer_rematerialises():
+    # full: the whole layer, s b h (34 + 5as/h) / t; selective: only the attention core s b h 5as/h / t,
+    # the 34 s b h / t of the layer is kept anyway (counting it again was the bug)
+    sbh = 4 * 1 * 8
+    f = lambda rc: planner.memory(TOY, CLUSTER, 8, 1, 4, 2, 1, 0, rc)["working"]   # noqa: E731
+    assert f("none") == 0
+    assert f("full") == sbh * (34 + 5) / 2
+    assert f("selective") == sbh * 5 / 2
 
 
 def test_activation_formulas():
@@ -295,6 +310,20 @@ def test_paper_table_and_comparison():
     assert next(r for r in rows if r["model"] == "76.1B")["choice"] == "forced"      # 1 layout of 1
 
 
+def test_table_rows_are_predicted_as_they_ran():
+    # Megatron-LM's examples/sc21/run_table_1.sh: MBS 16 for 1.7B to 7.5B (outside 1 to 8), and
+    # --num-layers-per-virtual-pipeline-stage 5 for 76.1B: v = 60 / (4 x 5) = 3 chunks
+    assert [paper.chunks(r) for r in paper.TABLE1] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    assert [b for b, _ in paper.AS_RUN] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    run = paper.as_run(paper.TABLE1[5], paper.a100_cluster(1024, 0.5))
+    assert (run["micro_batch"], run["chunks"], run["recompute"], run["m"]) == (2, 3, "full", 28)
+    slot = sum(run["time"][k] for k in ("compute", "tensor", "context", "expert", "p2p"))
+    assert run["time"]["bubble"] == pytest.approx(3 / (3 * 28) * slot)   # (p - 1)/(v m)
+    # they ran, so the planner's memory lets every one; on a 40 GB A100 the 1T row would not (control)
+    assert all(r["as run fits"] for r in paper.compare())
+    assert not paper.as_run(paper.TABLE1[-1], dict(paper.a100_cluster(3072, 0.5), memory=40e9))["fits"]
+
+
 def test_choice_marks_forced_ties_and_picks():
     ranked = lambda *ts: [{"time": {"total": t}} for t in ts]   # noqa: E731
     assert paper.choice(ranked(1.0), 1) == "forced"
@@ -374,15 +403,15 @@ def test_unequal_stages_plan_a_layer_count_pp_does_not_divide():
     mem = planner.memory(FIVE, CLUSTER, 8, 1, 4, 1, 2, 0, "none", stages=(2, 3))
     act = 4 * 1 * 8 * (34 + 5 * 2 * 4 / 8)                             # s b h (34 + 5as/h)
     first = 16 * (2 * 174.4 + 128) + 2 * act * 2                        # embedding, 2 in flight
-    last = 16 * 3 * 174.4 + 3 * act * 1 + 6 * 4 * 16                    # 1 in flight, logits
-    assert mem["stages"] == [pytest.approx(first), pytest.approx(last)] and mem["stage"] == 0
+    last = 16 * (3 * 174.4 + 128) + 3 * act * 1 + 6 * 4 * 16           # the copy, 1 in flight, logits
+    assert mem["stages"] == [pytest.approx(first), pytest.approx(last)] and mem["stage"] == 1
     t = planner.step_time(FIVE, CLUSTER, 8, 1, 4, 1, 2, 0, "none", stages=(2, 3))
     one_forward = 24 * 4 * 5 * 64 * (1 + 4 / 48)
     busiest = 3 * (3 * one_forward / 5) + 6 * 4 * 8 * 16                # the last: 3 layers, logits
     assert t["stage"] == 1 and t["compute"] == pytest.approx(2 * busiest / 500)
     assert planner.stage_flops(FIVE, 1, 1, 2) < busiest                  # L // p = 2 would miss one
-    # the data traffic is the fullest stage's parameters: the last's 523.2, not the first's 476.8
-    assert t["traffic"]["data"]["kind_bytes"] == {"all_reduce": pytest.approx(2 * 3 * 174.4)}
+    # the data traffic is the fullest stage's parameters: the last's 651.2, not the first's 476.8
+    assert t["traffic"]["data"]["kind_bytes"] == {"all_reduce": pytest.approx(2 * (3 * 174.4 + 128))}
 
 
 def test_interleaving_divides_the_bubble_and_is_used_where_it_pays():
@@ -397,6 +426,33 @@ def test_interleaving_divides_the_bubble_and_is_used_where_it_pays():
                     if (r["dp"], r["tp"], r["pp"]) == (2, 2, 2))
     assert chosen(dict(CLUSTER, p2p_bw=1e9, p2p_alpha=0.0)) == 2         # free sends: it pays
     assert chosen(dict(CLUSTER, p2p_bw=1e9, p2p_alpha=1e3)) == 1         # control: sends cost more
+
+
+def test_the_last_stage_holds_a_copy_of_the_tied_embedding():
+    # Megatron-LM with p > 1 keeps the word embedding on the first stage and a copy on the last for
+    # the logits (their gradients all-reduced once per step); with p = 1 one stage holds it once
+    split = planner.stage_param_split(TOY, 2, 2)                          # (dense, expert) per stage
+    assert split == [(218 + 64, 0), (218 + 64, 0)]                       # 2 layers of 109, V h / t
+    assert planner.stage_param_split(TOY, 2, 1) == [(436 + 64, 0)]
+    untied = planner.stage_param_split(dict(TOY, head=0), 2, 2)           # control: no copy
+    assert untied == [(218 + 64, 0), (218, 0)]
+    assert planner.fullest_stage(TOY, 2, 2) == 0                         # the first among equals
+
+
+def test_interleaved_memory_holds_each_stages_warm_up():
+    # Megatron-LM's interleaved schedule: stage i runs 2(p - i - 1) + (v - 1)p forwards before its
+    # first backward, so it holds that many chunks of n/v layers and one more. (dp, tp, pp) = (2, 2, 2),
+    # v = 2, batch 32: m = 16, one layer a chunk. The first stage: 2 + 2 + 1 = 5 layers, L (1 + (p-1)/(p v))
+    # (Korthikanti et al. 2022); the last: 0 + 2 + 1 = 3 layers, where 1F1B holds one micro-batch's 2
+    per_layer = planner.activation_bytes_per_layer(TOY, 1, 2, "none", True)
+    one = planner.memory(TOY, CLUSTER, 32, 1, 2, 2, 2, 0, "none")["stages"]
+    two = planner.memory(TOY, CLUSTER, 32, 1, 2, 2, 2, 0, "none", chunks=2)["stages"]
+    assert two[0] - one[0] == pytest.approx(per_layer)                   # 5 layers against 4
+    assert two[1] - one[1] == pytest.approx(per_layer)                   # 3 against 2, not 2.5
+    few = planner.memory(TOY, CLUSTER, 4, 1, 2, 2, 2, 0, "none", chunks=2)["stages"]   # m v = 4 chunks
+    assert few[0] == planner.memory(TOY, CLUSTER, 4, 1, 2, 2, 2, 0, "none")["stages"][0]
+    # interleaving without a pipeline is refused (it would only repeat v = 1)
+    assert "pipeline" in planner.check(TOY, CLUSTER, 8, 1, 4, 2, 1, chunks=2)
 
 
 def test_context_parallelism_by_hand():
@@ -428,16 +484,24 @@ def test_expert_parallelism_by_hand():
         3 * 16 * 1 * 8 * 4 * 4 * 64)                                      # k - 1 = 1 more MLP
     assert "ep" in planner.check(TOY, CLUSTER, 8, 1, 4, 2, 1, ep=2)       # a dense GPT: ep = 1
     assert "ep" in planner.check(moe, CLUSTER, 8, 1, 4, 2, 1, ep=3)       # 3 does not divide 4
-    # (dp, tp, pp) = (4, 2, 1), ep = 2: m = 2, a = 64 bytes, 4 all-to-alls of k a per layer
+    # (dp, tp, pp) = (4, 2, 1), ep = 2: m = 2, a = 64 bytes, 4 all-to-alls of k a / t per layer:
+    # each tensor-parallel rank dispatches its sequence-parallel half of the tokens (Megatron-Core)
     t = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none", ep=2)
     assert t["expert"]["kind"] == {"all_to_all": 4 * 4 * 2}
-    assert t["expert"]["bytes"] == 32 * 2 * 64
+    assert t["expert"]["bytes"] == 32 * 2 * 64 / 2                      # not k a: t times less
+    # with sequence parallelism the MLP's gather and scatter carry the k a routed tokens (32 of each
+    # kind: 16 the attention's of a, 16 the MLP's of k a); without ep, the tokens once (control)
+    sp = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none", ep=2, sequence_parallel=True)
+    assert sp["tensor"]["kind_bytes"] == {"all_gather": 16 * 64 + 16 * 2 * 64,
+                                          "reduce_scatter": 16 * 64 + 16 * 2 * 64}
+    one = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none", sequence_parallel=True)
+    assert one["tensor"]["kind_bytes"]["all_gather"] == 32 * 64
     layer, expert = planner.layer_params(moe, 2, 2)
     assert expert == 2 * 8 * 64 / 2                                       # E/ep experts, over tp
     assert t["expert_data"]["kind_bytes"] == {"all_reduce": 2 * 4 * expert}
     assert t["data"]["kind_bytes"] == {"all_reduce": pytest.approx(2 * (4 * layer + 128 / 2))}
     step = planner.step_time(moe, CLUSTER, 8, 1, 4, 2, 1, 0, "none", ep=2)
-    assert step["expert"] == pytest.approx(32 * (0.5 + 128 / (2 * 100)))
+    assert step["expert"] == pytest.approx(32 * (0.5 + 64 / (2 * 100)))
     mem = planner.memory(moe, CLUSTER, 8, 1, 4, 2, 1, 1, "none", ep=2)
     assert mem["optim"] == pytest.approx(12 * ((4 * layer + 64) / 4 + 4 * expert / 2))
     no_ep = planner.traffic(moe, 8, 1, 4, 2, 1, zero=0, recompute="none")   # control: ep = 1
@@ -452,7 +516,7 @@ def test_memory_holds_the_logits_and_fp32_main_gradients():
         "params", "grads", "optim", "activations", "working", "logits")))
     two = planner.memory(TOY, CLUSTER, 8, 1, 2, 2, 2, 0, "none")          # p = 2: on the last
     assert two["logits"] == 0 and two["stage"] == 0
-    assert two["stages"][1] == pytest.approx(16 * 218 + 2 * 624 + 6 * 4 * 16 / 2)
+    assert two["stages"][1] == pytest.approx(16 * (218 + 64) + 2 * 624 + 6 * 4 * 16 / 2)   # + V h / t
     main = planner.memory(TOY, CLUSTER, 8, 2, 4, 2, 1, 0, "none", main_grads=True)
     assert main["grads"] == 2 * one["grads"] and main["params"] == one["params"]
     t = planner.traffic(TOY, 8, 1, 2, 2, 2, zero=1, main_grads=True)
