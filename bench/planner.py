@@ -4,15 +4,17 @@ the lecture asserts the 50 % its rounds' spread justifies on a 2-core machine.
 
     .venv/bin/python bench/planner.py [--world-size 4 8] [--rounds 3] [--steps 5] [--dim 64 --seq 32 --batch 16]
 
-It measures as lecture 14's section 3 does, with the same functions: helpers.planner_machine.measure
+It measures as lecture 14's section 4 does, with the same functions: helpers.planner_machine.measure
 (per rank count K one launch: in each round this machine's figures with K ranks busy at once, compute
 t = c0 + F/R, alpha and B of a ring step and of a message, then nd3d.train for every (dp, tp, pp) of
 K ranks, each run checked against the single process) and planner_machine.summary (predicted against
 measured per layout, the median |error| over all, and the median of each round alone: the spread).
 The defaults are the lecture's parameters. It prints the load average: other work on the machine
-slows the runs and the figures by different amounts. It asserts no timing. Last, the paper check of
-section 4 (helpers.paper): the planner's median |error| against Narayanan et al. 2021's Table 1 with
-its efficiency fitted on one row, beside a constant's and the trend's.
+slows the runs and the figures by different amounts. It asserts no timing. Then the paper check of
+section 5 (helpers.paper): the planner's median |error| against Narayanan et al. 2021's Table 1 with
+its efficiency fitted on one row, beside a constant's and the trend's. Last, per rank count, what
+a synchronisation after compute costs on shared cores (wake_cost): an all-reduce called by a rank
+that computed for 100 ms while the others waited asleep, against the same call back to back.
 """
 import argparse
 import os
@@ -60,6 +62,45 @@ def main():
     print(f"paper, Table 1, efficiency {rows[0]['efficiency']:.3f} fitted on {rows[paper.FIT_ROW]['model']}: "
           f"median |error| over the other {len(rows) - 1} rows: planner {skill['error']:.1%}, "
           f"constant {skill['constant error']:.1%}, trend {skill['trend error']:.1%}")
+    for k in args.world_size:
+        late, b2b = wake_cost(k)
+        print(f"K={k}: an all-reduce of 32 KiB called after the other ranks waited asleep for 100 ms while "
+              f"rank 0 computed: {late * 1e3:.2f} ms on rank 0, against {b2b * 1e3:.2f} ms back to back "
+              f"(ratio {late / b2b:.1f}): the wake-up a synchronisation after compute pays on shared cores")
+
+
+def wake_rank(rank, world_size, n=4096, delay=0.1, reps=7):
+    """In every rank: rank 0 computes (spins) for `delay` s while the others wait in an all-reduce,
+    asleep; rank 0's time in that all-reduce, median over reps; and the same call back to back."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    x = torch.ones(n, dtype=torch.float64)
+    for _ in range(3):
+        dist.all_reduce(x)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(x)
+    b2b = (time.perf_counter() - t0) / reps
+    late = []
+    for _ in range(reps):
+        dist.barrier()
+        if rank == 0:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < delay:
+                pass
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        late.append(time.perf_counter() - t0)
+    return statistics.median(late), b2b
+
+
+def wake_cost(k):
+    """(rank 0's late all-reduce, back-to-back all-reduce) in seconds on k ranks (wake_rank)."""
+    from helpers.spawn import spawn
+    return spawn(wake_rank, k, backend="gloo")[0]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""This machine as the planner's cluster (lecture 14, section 3): compute, alpha and B measured in the
+"""This machine as the planner's cluster (lecture 14, section 4): compute, alpha and B measured in the
 ranks (machine_rank, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
 predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
 check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
@@ -46,24 +46,37 @@ def machine_cluster(machine):
             "p2p_bw": machine["p2p_bw"], "p2p_alpha": machine["p2p_alpha"]}
 
 
-def machine_rank(rank, world_size, cfg, sizes, iters=5, dtype="float64"):
-    """In every rank at once (inside helpers.spawn): the single-process tiny GPT's step (forward and
-    backward) timed at the whole batch and its halvings down to batch/(2K), while the other ranks run
-    it too (they share the cores and memory, as in a run); then all_reduce and send_recv swept as
-    nccl-tests does (helpers.bench). Returns {batch: [seconds per call]} and the sweep."""
+def machine_rank(rank, world_size, cfg, sizes, iters=5, dtype="float64", program=None):
+    """In every rank at once (inside helpers.spawn): the model's forward and backward on one rank
+    holding all of it, timed at the whole batch and its halvings down to batch/(2K), while the other
+    ranks run it too (they share the cores and memory, as in a run); then all_reduce and send_recv
+    swept as nccl-tests does (helpers.bench). The forward and backward are the program's own
+    (`program`: the name of the module of the measured train, e.g. "nd3d", whose stage_params and
+    stage_forward run with every group of one rank, so no call is made), or the tiny GPT's when
+    program is None. Returns {batch: [seconds per call]} and the sweep."""
+    import importlib
+
     import torch
     import torch.distributed as dist
 
     from helpers import bench, timing, tiny
     from helpers.spawn import device
     dev, dt = device(), getattr(torch, dtype)
-    gpt = tiny.transformer(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["depth"], dtype=dt, device=dev)
     ids, targets = tiny.tokens(cfg["batch"], cfg["seq"], cfg["vocab"], device=dev)
+    if program is None:
+        gpt = tiny.transformer(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["depth"], dtype=dt, device=dev)
+        params, forward = list(gpt.parameters()), gpt
+    else:
+        prog = importlib.import_module(program)
+        P, _ = prog.stage_params(cfg, 0, 1, 0, 1, dev, dt)
+        alone = {"size": {"pp": 1, "dp": 1, "tp": 1}}
+        params, forward = list(P.values()), (lambda x: prog.stage_forward(P, x, cfg, alone))
     steps, n = {}, cfg["batch"]
     while n >= max(1, cfg["batch"] // (2 * world_size)):
         def step(n=n):
-            gpt.zero_grad()
-            tiny.lm_loss(gpt(ids[:n]), targets[:n]).backward()
+            tiny.lm_loss(forward(ids[:n]), targets[:n]).backward()
+            for p in params:
+                p.grad = None
         dist.barrier()
         steps[n] = timing.measure(step, warmup=1, iters=iters, device=dev)
         n //= 2
@@ -116,15 +129,16 @@ def run_rank(rank, world_size, train, cfg, configs, steps, micro_batches, rounds
     configuration, so that a change of the machine's load falls on figures and runs alike."""
     out = {"machine": [], "runs": []}
     for _ in range(rounds):
-        out["machine"].append(machine_rank(rank, world_size, cfg, sizes, iters))
+        out["machine"].append(machine_rank(rank, world_size, cfg, sizes, iters, program=train.__module__))
         out["runs"].append({c: train(rank, world_size, *c, cfg, steps, micro_batches, timed=True) for c in configs})
     return out
 
 
 def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
     """From run_rank's results: this machine's figures (machine_figures over all rounds pooled), and per
-    configuration the predicted and measured step (the slowest rank per step, `stat` over every step of
-    every round after `warmup_steps`), the relative error and the prediction's terms; and the median
+    configuration the predicted and measured step (per round the slowest rank's mean step after
+    `warmup_steps`, the steps run back to back; `stat` over the rounds), the relative error and the
+    prediction's terms; and the median
     |relative error| over the configurations. stat: statistics.median (the series' convention, the
     default) or min (the fastest: interference from other work only adds time)."""
     import statistics
@@ -137,8 +151,8 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
     machine = machine_figures(pooled, cfg, stat)
     rows = []
     for c in per_rank[0]["runs"][0]:
-        steps = [max(ts) for i in range(n)
-                 for ts in list(zip(*(r["runs"][i][c]["step_s"] for r in per_rank)))[warmup_steps:]]
+        steps = [max(statistics.fmean(r["runs"][i][c]["step_s"][warmup_steps:]) for r in per_rank)
+                 for i in range(n)]   # per round: the slowest rank's mean step, steps back to back
         measured, pred = stat(steps), tiny_step_time(cfg, machine, *c, micro_batches)
         rows.append({"dp,tp,pp": ",".join(map(str, c)), "predicted ms": 1e3 * pred["total"],
                      "measured ms": 1e3 * measured, "error": pred["total"] / measured - 1,

@@ -218,7 +218,7 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
     Returns losses (global mean, per step), params ({full-model name: this rank's slice}) with layout
     ({name: (dim, indices) or (None, None) for whole}), coord and groups (this rank's mesh coordinate
     and the global ranks of its group in each dimension), bytes ({dim: bytes sent per step}), calls
-    ({dim: {kind: calls per step}}), step_s (seconds per step when timed, else None)."""
+    ({dim: {kind: calls per step}}), step_s (timed: seconds per step, the steps back to back, else None)."""
     assert dp * tp * pp == world_size, f"dp*tp*pp = {dp * tp * pp} ranks, but {world_size} started"
     assert cfg["depth"] % pp == 0 and cfg["heads"] % tp == 0 and cfg["batch"] % (dp * micro_batches) == 0
     dev = device()
@@ -235,10 +235,10 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
     rows = slice(c["dp"] * share, (c["dp"] + 1) * share)
     micro = list(zip(ids[rows].chunk(micro_batches), targets[rows].chunk(micro_batches)))
     clock, losses = timing.Clock(dev), []
+    if timed:  # one barrier, then the steps back to back, as training runs: a step is the time
+        dist.barrier()  # from the end of the one before to its own end (the first: from the barrier)
+        clock.now(("end", -1))
     for step in range(steps):
-        if timed:
-            dist.barrier()
-            clock.now(("start", step))
         losses.append(pipeline(P, micro, cfg, comm))
         # Data parallel (lecture 05): average the gradients over dp in one flat buffer (one bucket).
         # No all-reduce over tp is needed: f's backward sums the partial input gradients, so the
@@ -260,7 +260,7 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
                 coord=c, groups={d: dist.get_process_group_ranks(comm["group"][d]) for d in DIMS},
                 bytes={d: b / steps for d, b in comm["bytes"].items()},
                 calls={d: {k: n // steps for k, n in v.items()} for d, v in comm["calls"].items()},
-                step_s=[t[("end", s)] - t[("start", s)] for s in range(steps)] if timed else None)
+                step_s=[t[("end", s)] - t[("end", s - 1)] for s in range(steps)] if timed else None)
 
 
 # ------------------------------------------------------------------ the reference, and the check
