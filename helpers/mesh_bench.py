@@ -8,24 +8,67 @@ dimensions: the machinery of the mesh lectures. It holds none of a lecture's cod
 `parts(mesh, *args)` (the model split on the mesh, the rank's data: anything its set-up
 communicates is not counted), then `step(mesh, *parts)` inside `helpers.trace.calls(strict=True)`.
 Every traced call must be on the group of one mesh dimension (`mesh_log`: any other group stops
-the run); with `torch_count=True` torch's own `CommDebugMode` must count as many calls. What
+the run); with `torch_count=True` torch's own `CommDebugMode` must count as many calls. A call's
+bytes sent are helpers.trace's ring model, but an all-to-all's are counted from its split lists:
+N less the rows the rank keeps (lecture 12's; an uneven exchange is no ring). What
 `step` returns comes back assembled: every DTensor in it (a sharded gradient or parameter)
 as its full tensor, its placements under "placements" ({"params.w": "(Shard(dim=0),)"}).
 """
 import contextlib
 import math
 
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from helpers import trace
 from helpers.spawn import device, spawn
 
 
-def mesh_log(log, mesh):
-    """(dimension, kind, N, sent) per traced call, the dimension named by the call's group."""
+def mesh_log(log, mesh, splits=None):
+    """(dimension, kind, N, sent) per traced call, the dimension named by the call's group.
+    splits: each all-to-all's input split sizes, in call order (`all_to_all_splits`); then an
+    all-to-all's sent is N less this rank's own split, else the ring's (n-1)/n N (even splits)."""
     dims = {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
     for c in log.calls:
         if c.group not in dims:
             raise RuntimeError(f"{c.op} on {c.group}, not a mesh dimension's group")
-    return [(dims[c.group], c.kind, c.nbytes, c.ring_sent) for c in log.calls]
+    todo = None if splits is None else list(splits)
+    if todo is not None and len(todo) != sum(c.kind == "all_to_all" for c in log.calls):
+        raise RuntimeError(f"{len(todo)} split lists for the log's all-to-alls")
+
+    def sent(c):
+        if c.kind != "all_to_all" or todo is None:
+            return c.ring_sent
+        split = todo.pop(0) or [1] * c.size                  # []: an even split
+        row = c.nbytes // sum(split) if sum(split) else 0    # bytes of one row
+        return c.nbytes - row * split[c.ranks.index(dist.get_rank())]
+    return [(dims[c.group], c.kind, c.nbytes, sent(c)) for c in log.calls]
+
+
+class _Splits(TorchDispatchMode):
+    """Records each all-to-all's input split sizes (rows; [] for an even split)."""
+
+    def __init__(self):
+        super().__init__()
+        self.splits = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = f"{func.namespace}.{func._overloadpacket._qualified_op_name.split('::')[1]}"
+        if trace.KINDS.get(op) == "all_to_all":
+            named = {**dict(zip([a.name for a in func._schema.arguments], args)), **kwargs}
+            self.splits.append(list(named["input_split_sizes"]) if "input_split_sizes" in named
+                               else [t.numel() for t in named["input_tensors"]])
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def all_to_all_splits():
+    """Inside a rank: `with all_to_all_splits() as splits:` lists each all-to-all's input
+    split sizes, for `mesh_log`."""
+    mode = _Splits()
+    with mode:
+        yield mode.splits
 
 
 def per_dimension(log, names):
@@ -83,9 +126,9 @@ def _rank(rank, K, parts, step, shape, names, args, torch_count):
     mesh = init_device_mesh(device().type, shape, mesh_dim_names=names)
     made = parts(mesh, *args)
     with CommDebugMode() if torch_count else contextlib.nullcontext() as torch_calls:
-        with trace.calls(strict=True) as calls:
+        with trace.calls(strict=True) as calls, all_to_all_splits() as splits:
             out = step(mesh, *made)
-    log = mesh_log(calls, mesh)
+    log = mesh_log(calls, mesh, splits)
     if torch_count:
         assert torch_calls.get_total_counts() == len(log), torch_calls.get_comm_counts()
     return dict(full(out), log=log, placements=placements(out))
@@ -112,7 +155,9 @@ def table(counted, model):
 
 def draw_bytes(ax, counted, model, names, coords):
     """Bars: the bytes (N, KiB) of each rank's calls per mesh dimension, counted; black ticks:
-    the model's. counted, model: per rank, as per_dimension gives them; coords: per rank."""
+    the model's. counted, model: per rank, as per_dimension gives them; coords: per rank.
+    N, not bytes sent: on a dimension of two ranks an all-to-all's sent is the pair's exchange,
+    alike on both, while N holds the rows a rank's experts computed (its load)."""
     from helpers import plots
 
     width = 0.81 / len(names)

@@ -17,14 +17,15 @@ sent, exactly; counts do not depend on the load):
 - section 1's HSDP step (FSDP2 on a ("replicate", "shard") mesh of (2, 2)), model from
   `fsdp_unit_bytes` and `expected`;
 - section 4's data x expert x tensor MoE step on (2, 2, 2), model `moe_bytes` from the one-process
-  routing (`moe_reference`'s kept table);
+  routing (`moe_reference`'s kept table); an all-to-all's bytes sent are N less the rows the rank
+  keeps (counted by mesh_bench from the call's split lists), not the ring's (n-1)/n N;
 - section 5's data x context step on (2, 2): a transformer block, lecture 11's zig-zag chunks and
   its ring attention run on the "cp" group, gradients all-reduced over "cp" and "dp"; model:
   3c-2 sends and receives of a rank's K and V on "cp", one all-reduce per parameter tensor on each
   dimension.
 Made wrong on purpose, each must fail: a model off by one call (HSDP: one all-reduce fewer on
-"replicate"; MoE: the counts exchange left out; context: one ring pass fewer) is not what the ranks
-counted, and a step with one dimension's reduction skipped (HSDP: FSDP2's all-reduce across rows;
+"replicate"; MoE: the counts exchange left out; context: one ring pass fewer) or, for MoE, one that
+bills the uneven all-to-alls the ring's bytes is not what the ranks counted, and a step with one dimension's reduction skipped (HSDP: FSDP2's all-reduce across rows;
 MoE: the experts' and router's all-reduces on "dp"; context: the all-reduces on "cp") or its ring
 run over the wrong group ("dp" instead of "cp") is not equal to one process. A call on a group
 that is no mesh dimension's stops the run (mesh_bench's attribution misses nothing).
@@ -212,6 +213,36 @@ def test_a_moe_model_that_leaves_out_the_counts_exchange_fails(moe_runs):
         calls, N, sent = model["ep"]["all_to_all"]
         model["ep"]["all_to_all"] = [calls - 1, N - 8 * MOE["experts"], sent - 4 * MOE["experts"]]
         assert mesh_bench.per_dimension(run["log"], MOE_NAMES) != model
+
+
+def test_a_moe_model_billing_the_all_to_alls_the_ring_s_bytes_fails(moe_runs):
+    kept = _moe_reference()[3]
+    for rank, run in enumerate(moe_runs):
+        model = moe_bytes(kept, *_coords(rank), MOE, MOE_SHAPE)
+        calls, N, _ = model["ep"]["all_to_all"]
+        model["ep"]["all_to_all"] = [calls, N, N // 2]     # (e-1)/e N: an even split's
+        assert mesh_bench.per_dimension(run["log"], MOE_NAMES) != model
+
+
+def _uneven(mesh, splits):
+    """One all-to-all on "ep", this rank sending splits[rank] rows of 4 float64 values."""
+    mine = splits[dist.get_rank()]
+    got = torch.empty(sum(row[dist.get_rank()] for row in splits), 4, dtype=torch.float64)
+    dist.all_to_all_single(got, torch.ones(sum(mine), 4, dtype=torch.float64),
+                           [row[dist.get_rank()] for row in splits], mine,
+                           group=mesh.get_group("ep"))
+    dist.all_to_all_single(torch.empty(2), torch.ones(2), group=mesh.get_group("ep"))  # even
+    return {}
+
+
+def test_an_uneven_all_to_all_sends_all_but_the_rows_a_rank_keeps():
+    splits = [[3, 1], [2, 0]]                      # rows rank i sends rank j
+    runs = mesh_bench.run(lambda mesh: (splits,), _uneven, (2,), ("ep",), backend="gloo")
+    for rank, run in enumerate(runs):
+        (_, _, N, sent), (_, _, N2, sent2) = run["log"]
+        assert N == 32 * sum(splits[rank]) and N2 == 8
+        assert sent == 32 * splits[rank][1 - rank] and sent2 == 4    # the other rank's rows
+    assert [run["log"][0][3] for run in runs] == [32, 64]          # the ring would say 64, 32
 
 
 def test_data_expert_tensor_without_its_dp_reduction_is_not_one_process():

@@ -7,8 +7,12 @@ from course.expert_parallel import expert_mlp, make_router, moe_layer
 from course.sequence_context_parallel import ring_attention, zigzag
 from helpers import ep_bench, mesh_bench, tiny, trace
 from helpers.spawn import device
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 
+from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,
+                                      distribute_tensor)
 REDISTRIBUTE = {  # (from, to) on a mesh dimension of n ranks: collective, bytes sent
     ("Partial", "Replicate"): ("all_reduce", lambda N, n: 2 * (n - 1) * N // n),
     ("Partial", "Shard(0)"): ("reduce_scatter", lambda N, n: (n - 1) * N // n),
@@ -19,9 +23,6 @@ CPU_ALL_TO_ALL = ("all_gather", lambda N, n: (n - 1) * N // n)   # torch 2.13 on
 
 def redistribute_calls(rank, K, shape, full, table=REDISTRIBUTE):
     """Each move of `table` on "tp": {(from, to): ([(kind, dim, sent)], local)}."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,
-                                          distribute_tensor)
     mesh_bench.quiet()                # notices (among them the CPU fallback: counted)
     place = {"Partial": Partial(), "Replicate": Replicate(), "Shard(0)": Shard(0),
              "Shard(1)": Shard(1)}
@@ -48,9 +49,9 @@ def assert_redistribute(counted, N, n, table=REDISTRIBUTE, cpu=True):
         want = [] if kind is None else [(kind, "tp", sent(N, n))]
         assert counted[move] == want, (move, counted[move], want)
 
+from torch.distributed.fsdp import fully_shard
 def hsdp_split(model, mesh):
     """HSDP: FSDP2 on the whole 2-D mesh, replicated on dim 0, sharded on dim 1."""
-    from torch.distributed.fsdp import fully_shard
     for block in model:
         fully_shard(block, mesh=mesh)                # one FSDP unit per block
     return fully_shard(model, mesh=mesh)             # the root (no parameters)
@@ -93,8 +94,6 @@ def expected(calls, sizes):
 
 def moe_parts(mesh, cfg):
     """The router, this rank's E/e experts split on "tp", its tokens and targets."""
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
     h, E, j = cfg["dim"], cfg["experts"], mesh.get_local_rank("ep")
     per = E // mesh["ep"].size()
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}   # h -> 4h, GELU, 4h -> h
@@ -124,11 +123,14 @@ def moe_bytes(kept, i, j, cfg, shape):
               for x in range(j * per, (j + 1) * per)]
     local = [(per, 8 * m) for m in (4 * h * h // t, 4 * h // t, 4 * h * h // t, h)]
     exchange = ep_bench.all_to_all_model(line, j, h, 8)       # lecture 12's five
-    return expected({"ep": {"all_to_all": [(1, N) for N in exchange],
-                            "all_reduce": [(1, 8 * h * E)]},
-                     "tp": {"all_reduce": [(2, N) for N in chunks]},
-                     "dp": {"all_reduce": local + [(1, 8 * h * E)]}},   # W1 b1 W2 b2
-                    dict(dp=d, ep=e, tp=t))
+    model = expected({"ep": {"all_to_all": [(1, N) for N in exchange],
+                             "all_reduce": [(1, 8 * h * E)]},
+                      "tp": {"all_reduce": [(2, N) for N in chunks]},
+                      "dp": {"all_reduce": local + [(1, 8 * h * E)]}},   # W1 b1 W2 b2
+                     dict(dp=d, ep=e, tp=t))
+    home = 8 * E // e + 4 * sum(chunks[j * per:(j + 1) * per])   # what rank j keeps
+    model["ep"]["all_to_all"][2] = sum(exchange) - home           # sent: the rest
+    return model
 
 def cp_tokens(t, mine, n):
     """The chunks `mine` (n tokens each) of t's sequences (dim 1), side by side."""
