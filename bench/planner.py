@@ -13,8 +13,8 @@ The defaults are the lecture's parameters. It prints the load average: other wor
 slows the runs and the figures by different amounts. It asserts no timing. Then the paper check of
 section 5 (helpers.paper): the planner's median |error| against Narayanan et al. 2021's Table 1 with
 its efficiency fitted on one row, beside a constant's and the trend's. Last, per rank count, what
-a synchronisation after compute costs on shared cores (wake_cost): an all-reduce called by a rank
-that computed for 100 ms while the others waited asleep, against the same call back to back.
+a synchronisation after compute costs on shared cores (sync_cost): an all-reduce after every rank
+computed, from the last rank's call to its end, against the same call back to back.
 """
 import argparse
 import os
@@ -63,19 +63,23 @@ def main():
           f"median |error| over the other {len(rows) - 1} rows: planner {skill['error']:.1%}, "
           f"constant {skill['constant error']:.1%}, trend {skill['trend error']:.1%}")
     for k in args.world_size:
-        late, b2b = wake_cost(k)
-        print(f"K={k}: an all-reduce of 32 KiB called after the other ranks waited asleep for 100 ms while "
-              f"rank 0 computed: {late * 1e3:.2f} ms on rank 0, against {b2b * 1e3:.2f} ms back to back "
-              f"(ratio {late / b2b:.1f}): the wake-up a synchronisation after compute pays on shared cores")
+        late, b2b = sync_cost(k)
+        print(f"K={k}: an all-reduce of 32 KiB after every rank computed (two steps of the tiny GPT): "
+              f"{late * 1e3:.2f} ms from the last rank's call to its end, against {b2b * 1e3:.2f} ms back "
+              f"to back (ratio {late / b2b:.1f}): what a synchronisation after compute pays on shared cores")
 
 
-def wake_rank(rank, world_size, n=4096, delay=0.1, reps=7):
-    """In every rank: rank 0 computes (spins) for `delay` s while the others wait in an all-reduce,
-    asleep; rank 0's time in that all-reduce, median over reps; and the same call back to back."""
-    import statistics
-
+def sync_rank(rank, world_size, n=4096, reps=10):
+    """In every rank: the all-reduce of n float64 values back to back (seconds per call); then reps
+    times two steps of the tiny GPT followed by the same all-reduce, each call's start and end on
+    time.perf_counter (CLOCK_MONOTONIC on Linux: one clock for every process of the machine)."""
     import torch
     import torch.distributed as dist
+
+    from helpers import tiny
+    torch.manual_seed(0)
+    gpt = tiny.transformer(64, 64, 4, 4, dtype=torch.float64)
+    ids, targets = tiny.tokens(2, 32, 64)
     x = torch.ones(n, dtype=torch.float64)
     for _ in range(3):
         dist.all_reduce(x)
@@ -84,23 +88,28 @@ def wake_rank(rank, world_size, n=4096, delay=0.1, reps=7):
     for _ in range(reps):
         dist.all_reduce(x)
     b2b = (time.perf_counter() - t0) / reps
-    late = []
+    stamps = []
+    dist.barrier()
     for _ in range(reps):
-        dist.barrier()
-        if rank == 0:
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < delay:
-                pass
+        for _ in range(2):
+            gpt.zero_grad()
+            tiny.lm_loss(gpt(ids), targets).backward()
         t0 = time.perf_counter()
         dist.all_reduce(x)
-        late.append(time.perf_counter() - t0)
-    return statistics.median(late), b2b
+        stamps.append((t0, time.perf_counter()))
+    return stamps, b2b
 
 
-def wake_cost(k):
-    """(rank 0's late all-reduce, back-to-back all-reduce) in seconds on k ranks (wake_rank)."""
+def sync_cost(k):
+    """(median over calls of the time from the last rank's call to the last end, the back-to-back
+    time per call) in seconds, on k ranks (sync_rank)."""
+    import statistics
+
     from helpers.spawn import spawn
-    return spawn(wake_rank, k, backend="gloo")[0]
+    per_rank = spawn(sync_rank, k, backend="gloo")
+    calls = list(zip(*(stamps for stamps, _ in per_rank)))[1:]       # the first: warm-up
+    late = [max(e for _, e in call) - max(s for s, _ in call) for call in calls]
+    return statistics.median(late), max(b2b for _, b2b in per_rank)
 
 
 if __name__ == "__main__":
