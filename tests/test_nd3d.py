@@ -41,6 +41,21 @@ def test_train_equals_the_single_process_and_counts_its_bytes(dp, tp, pp):
         assert r["bytes"] == pytest.approx(want, rel=0, abs=1e-9), r["coord"]
         assert r["calls"]["tp"].get("all_reduce", 0) == (4 * cfg["depth"] // pp * MICRO if tp > 1 else 0)
         assert r["calls"]["dp"].get("all_reduce", 0) == (dp > 1)
+        assert megatron_groups(r["groups"], dp, tp, pp), r["groups"]
+
+
+def megatron_groups(groups, dp, tp, pp):
+    """Megatron's layout (lecture 13): a tp group is tp consecutive ranks (one node's GPUs on
+    NVLink), a dp group steps by tp, a pp group by dp*tp (pipeline neighbours across nodes)."""
+    steps = {"tp": 1, "dp": tp, "pp": dp * tp}
+    return all(len(groups[d]) == n and all(b - a == steps[d] for a, b in zip(groups[d], groups[d][1:]))
+               for d, n in (("tp", tp), ("dp", dp), ("pp", pp)))
+
+
+def test_a_mesh_with_tp_outside_is_not_megatrons_layout():
+    """The layout check can fail: on (pp, tp, dp) = (1, 2, 2), rank 0's tp group is [0, 2]."""
+    assert megatron_groups({"tp": [0, 1], "dp": [0, 2], "pp": [0]}, 2, 2, 1)
+    assert not megatron_groups({"tp": [0, 2], "dp": [0, 1], "pp": [0]}, 2, 2, 1)
 
 
 def test_a_wrong_split_is_caught_by_the_check():
