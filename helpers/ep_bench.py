@@ -24,7 +24,7 @@ import contextlib
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import plots
+from helpers import plots, trace
 
 
 def all_to_all_model(kept, rank, dim, itemsize):
@@ -49,7 +49,9 @@ def assert_all_to_all(calls, model):
 
 
 class _Splits(TorchDispatchMode):
-    """Records (input_split_sizes, output_split_sizes) of every alltoall_base_ made inside."""
+    """Records (input splits, output splits) of every all-to-all made inside (the ops helpers.trace
+    names "all_to_all"): the single-tensor form's split-size lists ([] for an even split), the
+    list form's rows per tensor."""
 
     def __init__(self):
         super().__init__()
@@ -57,10 +59,12 @@ class _Splits(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "c10d" and func._overloadpacket.__name__ == "alltoall_base_":
+        op = f"{func.namespace}.{func._overloadpacket._qualified_op_name.split('::')[1]}"
+        if trace.KINDS.get(op) == "all_to_all":
             named = {**dict(zip([a.name for a in func._schema.arguments], args)), **kwargs}
-            self.calls.append((list(named["input_split_sizes"]),
-                               list(named["output_split_sizes"])))
+            self.calls.append(tuple(list(named[f"{side}_split_sizes"]) if f"{side}_split_sizes" in named
+                                    else [t.numel() for t in named[f"{side}_tensors"]]
+                                    for side in ("input", "output")))
         return func(*args, **kwargs)
 
 

@@ -18,16 +18,16 @@ import contextlib
 import math
 
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import trace
+from helpers import ep_bench, trace
 from helpers.spawn import device, spawn
 
 
 def mesh_log(log, mesh, splits=None):
     """(dimension, kind, N, sent) per traced call, the dimension named by the call's group.
-    splits: each all-to-all's input split sizes, in call order (`all_to_all_splits`); then an
-    all-to-all's sent is N less this rank's own split, else the ring's (n-1)/n N (even splits)."""
+    splits: each all-to-all's input split sizes, in call order (the inputs of `ep_bench.splits`);
+    then an all-to-all's sent is N less this rank's own split, else the ring's (n-1)/n N (even
+    splits)."""
     dims = {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
     for c in log.calls:
         if c.group not in dims:
@@ -43,32 +43,6 @@ def mesh_log(log, mesh, splits=None):
         row = c.nbytes // sum(split) if sum(split) else 0    # bytes of one row
         return c.nbytes - row * split[c.ranks.index(dist.get_rank())]
     return [(dims[c.group], c.kind, c.nbytes, sent(c)) for c in log.calls]
-
-
-class _Splits(TorchDispatchMode):
-    """Records each all-to-all's input split sizes (rows; [] for an even split)."""
-
-    def __init__(self):
-        super().__init__()
-        self.splits = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        op = f"{func.namespace}.{func._overloadpacket._qualified_op_name.split('::')[1]}"
-        if trace.KINDS.get(op) == "all_to_all":
-            named = {**dict(zip([a.name for a in func._schema.arguments], args)), **kwargs}
-            self.splits.append(list(named["input_split_sizes"]) if "input_split_sizes" in named
-                               else [t.numel() for t in named["input_tensors"]])
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def all_to_all_splits():
-    """Inside a rank: `with all_to_all_splits() as splits:` lists each all-to-all's input
-    split sizes, for `mesh_log`."""
-    mode = _Splits()
-    with mode:
-        yield mode.splits
 
 
 def per_dimension(log, names):
@@ -126,9 +100,9 @@ def _rank(rank, K, parts, step, shape, names, args, torch_count):
     mesh = init_device_mesh(device().type, shape, mesh_dim_names=names)
     made = parts(mesh, *args)
     with CommDebugMode() if torch_count else contextlib.nullcontext() as torch_calls:
-        with trace.calls(strict=True) as calls, all_to_all_splits() as splits:
+        with trace.calls(strict=True) as calls, ep_bench.splits() as splits:
             out = step(mesh, *made)
-    log = mesh_log(calls, mesh, splits)
+    log = mesh_log(calls, mesh, [inputs for inputs, _ in splits])
     if torch_count:
         assert torch_calls.get_total_counts() == len(log), torch_calls.get_comm_counts()
     return dict(full(out), log=log, placements=placements(out))
