@@ -75,13 +75,16 @@ def write_readme(figures, readme=ROOT / "README.md"):
     readme.write_text(head + readme_block(figures) + rest.split(END, 1)[1])
 
 
-def make(executed_dir, smoke=False):
-    """images/ from the executed lectures in executed_dir; the stems of all kept, in order."""
+def make(executed_dir, smoke=False, stems=None):
+    """images/ from the executed lectures in executed_dir (only `stems`, when given: the folder may
+    hold older runs of the others); the stems of all kept, in order."""
     FOLDER.mkdir(exist_ok=True)
     from helpers import machine
 
     figures, when, where = kept(), time.strftime("%Y-%m-%d"), machine.short()  # --only: the others stay
     for path in sorted(Path(executed_dir).glob("[0-9][0-9]_*.ipynb")):
+        if stems is not None and path.stem not in stems:
+            continue
         png, caption = key_figure(json.loads(path.read_text()))
         (FOLDER / f"{path.stem}.png").write_bytes(shrink(png))
         figures[path.stem] = {"caption": caption, "alt": f"Lecture {path.stem[:2]}: {caption}",

@@ -108,6 +108,25 @@ def backward_share(model, micro_batch, tp, pp, recompute):
     return 1 - forward / stage_flops(model, micro_batch, tp, pp, recompute)
 
 
+def slowdown_at(slowdown, n):
+    """How many times slower than alone each of n ranks computes when they compute at once, from a
+    measured {ranks busy: factor} (linear between the measured counts; 1 without measurements)."""
+    import numpy as np
+    if not slowdown:
+        return 1.0
+    counts = sorted(slowdown)
+    return float(np.interp(n, counts, [slowdown[c] for c in counts]))
+
+
+def shared_slots(ranks, slowdown, pp, slots):
+    """How many times slower than alone a rank computes in each of the pipeline's slots (slots: m v)
+    when the ranks share a machine's cores: in slot j of the slots + pp - 1,
+    min(j + 1, pp, slots, slots + pp - 1 - j) stages compute, each with ranks/pp ranks, and n ranks
+    computing at once are slowdown_at(slowdown, n) times slower (a GPU per rank: no slowdown, all 1)."""
+    return [slowdown_at(slowdown, min(j + 1, pp, slots, slots + pp - 1 - j) * ranks / pp)
+            for j in range(slots + pp - 1)]
+
+
 def _slot(cluster, moved, m, g, tp, pp, cp, ep, flops):
     """One stage's m micro-batches, by term: compute, then its tensor, context, expert, pipeline calls."""
     rate = cluster["peak_flops"] * cluster["efficiency"]
@@ -133,7 +152,13 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     data-parallel traffic (the fullest stage's) comes last, and `overlap` of what a backward can hide
     ("overlappable": all of it but ZeRO-1/2's parameter all-gather) is hidden, at most the backward
     compute it runs beside (backward_share; ZeRO-0/1's once-per-step reduction: the last
-    micro-batch's): the rest is exposed."""
+    micro-batch's): the rest is exposed.
+    Ranks sharing a machine's cores (this one; a GPU per rank has neither key): with "slowdown"
+    ({ranks busy: how many times slower each computes than alone}; peak_flops then one rank's alone)
+    each slot's compute runs at the speed its busy ranks get (shared_slots): "compute" and "bubble"
+    stay at one rank's speed alone, "sharing" is the time lost to the slowdown in every slot (0
+    without the key); with "data_wait" ({group size: seconds})
+    each data-parallel call also waits that long: after compute, its group's ranks wait for cores."""
     m = global_batch // (dp * micro_batch)
     opts = dict(chunks=chunks, element=element, sequence_parallel=sequence_parallel, cp=cp, ep=ep,
                 stages=stages, main_grads=main_grads)
@@ -151,7 +176,9 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     groups = (("data", dp * cp), ("expert_data", dp * cp // ep))
 
     def data_time(kinds=("all_reduce", "all_gather", "reduce_scatter")):
-        return sum(comm_time(_only(moved[d], kinds), k, *data_link) for d, k in groups)
+        wait = cluster.get("data_wait", {})   # {group size: s}: a call's wait after compute, shared cores
+        return sum(comm_time(_only(moved[d], kinds), k, *data_link)
+                   + wait.get(k, 0.0) * sum(_only(moved[d], kinds)["kind"].values()) for d, k in groups)
     data = data_time()
     # What a backward can hide: the gradients' reduction (ZeRO-3: also the gathers FSDP2 prefetches),
     # not ZeRO-1/2's all-gather of the updated parameters, which follows the optimizer step; and a
@@ -164,9 +191,11 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     per_micro_batch = {2: data_time(("reduce_scatter",)), 3: data}.get(zero, 0.0) if pp > 1 else 0.0
     in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
     bubble = (pp - 1) / (m * chunks) * (sum(slot.values()) + in_slots)
-    total = sum(slot.values()) + bubble + exposed
-    return {**slot, "bubble": bubble, "data": exposed, "hidden": hidden, "overlappable": overlappable,
-            "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
+    slowdown = shared_slots(dp * tp * pp * cp, cluster.get("slowdown"), pp, m * chunks)
+    sharing = slot["compute"] / (m * chunks) * sum(s - 1 for s in slowdown)   # 0: a GPU per rank
+    total = sum(slot.values()) + bubble + sharing + exposed
+    return {**slot, "bubble": bubble, "sharing": sharing, "data": exposed, "hidden": hidden,
+            "overlappable": overlappable, "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
 
 
 # ---------------------------------------------------------------------------------- the plan

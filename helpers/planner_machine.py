@@ -1,5 +1,6 @@
-"""This machine as the planner's cluster (lecture 14, section 4): compute, alpha and B measured in the
-ranks (machine_rank, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
+"""This machine as the planner's cluster (lecture 14, section 4): compute alone, the slowdown of ranks
+computing at once, alpha and B, and the wait of a call after compute, measured in the ranks
+(machine_rank, after_compute, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
 predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
 check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
 from helpers.cost import fit_alpha_beta
@@ -36,25 +37,30 @@ def tiny_model(cfg, head_split=False):
 
 
 def machine_cluster(machine):
-    """This machine's figures (machine_figures) as a planner cluster: R FLOP/s per rank at efficiency
-    1, the pass's fixed cost c0, the ring step's alpha and B on every link (one "node"), the message's
-    alpha and B for the pipeline's sends."""
+    """This machine's figures (machine_figures) as a planner cluster: R FLOP/s of one rank alone at
+    efficiency 1, the pass's fixed cost c0, the slowdown of n ranks computing at once, the ring step's
+    alpha and B on every link (one "node"), the data-parallel call's wait after compute, the
+    message's alpha and B for the pipeline's sends."""
     return {"gpus_per_node": machine.get("ranks", 1), "nodes": 1, "memory": float("inf"),
             "peak_flops": machine["flops"], "efficiency": 1.0, "c0": machine.get("c0", 0.0),
+            **{key: machine[key] for key in ("slowdown", "data_wait") if key in machine},
             "intra_bw": machine["ar_bw"], "intra_alpha": machine["ar_alpha"],
             "inter_bw": machine["ar_bw"], "inter_alpha": machine["ar_alpha"],
             "p2p_bw": machine["p2p_bw"], "p2p_alpha": machine["p2p_alpha"]}
 
 
 def machine_rank(rank, world_size, cfg, sizes, iters=5, dtype="float64", program=None):
-    """In every rank at once (inside helpers.spawn): the model's forward and backward on one rank
-    holding all of it, timed at the whole batch and its halvings down to batch/(2K), while the other
-    ranks run it too (they share the cores and memory, as in a run); then all_reduce and send_recv
-    swept as nccl-tests does (helpers.bench). The forward and backward are the program's own
-    (`program`: the name of the module of the measured train, e.g. "nd3d", whose stage_params and
-    stage_forward run with every group of one rank, so no call is made), or the tiny GPT's when
-    program is None. Returns {batch: [seconds per call]} and the sweep."""
+    """In every rank (inside helpers.spawn): the model's forward and backward on one rank holding all
+    of it, timed on rank 0 alone (the others asleep in a barrier) at the whole batch and its halvings
+    down to batch/(2K); then the whole batch on n ranks at once, n = busy_counts(K), `iters` times
+    back to back (they share the cores and memory); the data-parallel all-reduce after compute
+    (after_compute); all_reduce and send_recv swept as nccl-tests does (helpers.bench). The forward
+    and backward are the program's own (`program`: the name of the module of the measured train,
+    e.g. "nd3d", whose stage_params and stage_forward run with every group of one rank, so no call
+    is made), or the tiny GPT's when program is None. Returns {"step_s": {batch: [s]} (rank 0),
+    "busy_s": {n: s per step, None on ranks >= n}, "after": ..., "sweep": ...}."""
     import importlib
+    import time
 
     import torch
     import torch.distributed as dist
@@ -71,25 +77,88 @@ def machine_rank(rank, world_size, cfg, sizes, iters=5, dtype="float64", program
         P, _ = prog.stage_params(cfg, 0, 1, 0, 1, dev, dt)
         alone = {"size": {"pp": 1, "dp": 1, "tp": 1}}
         params, forward = list(P.values()), (lambda x: prog.stage_forward(P, x, cfg, alone))
-    steps, n = {}, cfg["batch"]
-    while n >= max(1, cfg["batch"] // (2 * world_size)):
-        def step(n=n):
-            tiny.lm_loss(forward(ids[:n]), targets[:n]).backward()
-            for p in params:
-                p.grad = None
-        dist.barrier()
-        steps[n] = timing.measure(step, warmup=1, iters=iters, device=dev)
+    def step(n):
+        tiny.lm_loss(forward(ids[:n]), targets[:n]).backward()
+        for p in params:
+            p.grad = None
+    steps, n = {}, cfg["batch"]   # rank 0 alone (the others wait, asleep, in the barrier)
+    dist.barrier()
+    while rank == 0 and n >= max(1, cfg["batch"] // (2 * world_size)):
+        steps[n] = timing.measure(lambda: step(n), warmup=1, iters=iters, device=dev)
         n //= 2
+    step(cfg["batch"])   # then n ranks at once, n = 1, 2, 4, ..., K: the whole batch `iters` times
+    busy = {}
+    for n in busy_counts(world_size):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters if rank < n else 0):
+            step(cfg["batch"])
+        timing.sync(dev)
+        busy[n] = (time.perf_counter() - t0) / iters if rank < n else None
     plan = [(kind, kind, None) for kind in ("all_reduce", "send_recv")]
-    return {"step_s": steps, "sweep": bench.measure_rank(rank, world_size, plan, sizes, 2, iters, dtype, rounds=3)}
+    share = max(1, cfg["batch"] // world_size)   # any layout's compute per rank: the batch over K
+    return {"step_s": steps, "busy_s": busy, "after": after_compute(rank, world_size, step, share, dt, dev),
+            "sweep": bench.measure_rank(rank, world_size, plan, sizes, 2, iters, dtype, rounds=3)}
+
+
+def busy_counts(k):
+    """1, 2, 4, ... up to k, and k: the numbers of ranks computing at once that machine_rank times."""
+    return sorted({2 ** i for i in range(k.bit_length()) if 2 ** i <= k} | {k})
+
+
+AFTER_SIZES = (2 ** 16, 2 ** 21)   # bytes: the data-parallel gradients of section 4's layouts lie between
+
+
+def after_compute(rank, world_size, step, batch, dtype, dev, sizes=AFTER_SIZES, reps=4):
+    """In every rank: the data-parallel all-reduce as a training step issues it, after every rank's
+    forward and backward: for each group size g (dividing world_size, > 1; groups of g consecutive
+    ranks, all at once) and size, `reps` times step(batch) then the call, its start and end on
+    time.perf_counter (one monotonic clock for every process of the machine).
+    Returns {(g, size): [(start, end)] per rep}."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from helpers.timing import sync
+    out = {}
+    for g in [g for g in range(2, world_size + 1) if world_size % g == 0]:
+        group = [dist.new_group(list(range(i, i + g))) for i in range(0, world_size, g)][rank // g]
+        for n in sizes:
+            x = torch.ones(n // dtype.itemsize, dtype=dtype, device=dev)
+            dist.all_reduce(x, group=group)   # untimed: the group's first call sets it up
+            out[g, n] = []
+            for _ in range(reps):
+                step(batch)
+                sync(dev)
+                t0 = time.perf_counter()
+                dist.all_reduce(x, group=group)
+                sync(dev)                  # on a GPU the call returns before the stream has run it
+                out[g, n].append((t0, time.perf_counter()))
+    return out
+
+
+def after_waits(per_rank, ring, stat):
+    """{g: seconds} from after_compute's stamps: per call the time from the last rank's start to the
+    last end (the step waits for its slowest rank) less the ring's back-to-back time for that size and
+    group, ring = (alpha, B) of ring_link; `stat` over every call of every size, at least 0."""
+    from helpers.cost import ring_all_reduce
+    waits = {}
+    for g, n in per_rank[0]["after"]:
+        calls = zip(*(r["after"][g, n] for r in per_rank))
+        waits.setdefault(g, []).extend(max(e for _, e in c) - max(s for s, _ in c)
+                                       - ring_all_reduce(n, g, ring[1], ring[0]) for c in calls)
+    return {g: max(0.0, stat(w)) for g, w in waits.items()}
 
 
 def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     """This machine as the small-model mode needs it, from machine_rank's per-rank results: compute
-    t = c0 + F/R fitted to the steps' executed FLOPs F and times (the slowest rank's `stat` over its
-    calls), the alpha-beta form of a link (lecture 03): R the FLOP/s per rank, c0 a pass's fixed cost
-    (Python and the ops' dispatch, as a GPU's kernel launches); (alpha, B) of a ring step and of a
-    message, fitted to each size's `stat` over the sweep's rounds. stat: statistics.median by default."""
+    t = c0 + F/R fitted to rank 0's steps alone (`stat` over its calls) against their executed FLOPs
+    F, the alpha-beta form of a link (lecture 03): R the FLOP/s of one rank alone, c0 a pass's fixed
+    cost (Python and the ops' dispatch, as a GPU's kernel launches); the slowdown {n: the slowest
+    of n ranks computing at once against one alone}; (alpha, B) of a ring step and of a message,
+    fitted to each size's `stat` over the sweep's rounds; the data-parallel call's wait after
+    compute per group size (after_waits). stat: statistics.median by default."""
     import statistics
 
     from helpers import bench
@@ -97,11 +166,16 @@ def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     rows = bench.combine([r["sweep"] for r in per_rank], len(per_rank), dtype)
     rows = [dict(r, time_us=stat(r["times_us"])) for r in rows]
     batches = sorted(per_rank[0]["step_s"])
-    seconds = [max(stat(r["step_s"][n]) for r in per_rank) for n in batches]
+    seconds = [stat(per_rank[0]["step_s"][n]) for n in batches]          # rank 0 alone
     compute = fit_alpha_beta([executed_flops(tiny_model(cfg), n) for n in batches], seconds)
+    one = lambda v: stat(v) if isinstance(v, list) else v   # noqa: E731 (pooled rounds or one)
+    busy = {n: max(one(r["busy_s"][n]) for r in per_rank[:n]) for n in per_rank[0]["busy_s"]}
+    slowdown = {n: max(1.0, t / busy[1]) for n, t in busy.items()}   # n at once against one alone
     ar_alpha, ar_bw = ring_link([r for r in rows if r["kind"] == "all_reduce"])
     p2p_alpha, p2p_bw = p2p_link([r for r in rows if r["kind"] == "send_recv"])
-    return {"ranks": len(per_rank), "flops": compute.bandwidth, "c0": compute.alpha, "ar_alpha": ar_alpha,
+    after = {"data_wait": after_waits(per_rank, (ar_alpha, ar_bw), stat)} if per_rank[0].get("after") else {}
+    return {**after, "ranks": len(per_rank), "slowdown": slowdown, "flops": compute.bandwidth,
+            "c0": compute.alpha, "ar_alpha": ar_alpha,
             "ar_bw": ar_bw, "p2p_alpha": p2p_alpha, "p2p_bw": p2p_bw, "element": 8 if dtype == "float64" else 4,
             "rows": rows, "steps": dict(zip(batches, seconds))}
 
@@ -145,6 +219,8 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
     stat = stat or statistics.median
     n = len(per_rank[0]["machine"])
     pooled = [{"step_s": {b: [t for m in r["machine"] for t in m["step_s"][b]] for b in r["machine"][0]["step_s"]},
+               "busy_s": {n: [m["busy_s"][n] for m in r["machine"]] for n in r["machine"][0]["busy_s"]},
+               "after": {key: [c for m in r["machine"] for c in m["after"][key]] for key in r["machine"][0]["after"]},
                "sweep": dict(r["machine"][0]["sweep"], rows=[
                    dict(row, times=[t for m in r["machine"] for t in m["sweep"]["rows"][i]["times"]])
                    for i, row in enumerate(r["machine"][0]["sweep"]["rows"])])} for r in per_rank]
@@ -156,7 +232,7 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
         measured, pred = stat(steps), tiny_step_time(cfg, machine, *c, micro_batches)
         rows.append({"dp,tp,pp": ",".join(map(str, c)), "predicted ms": 1e3 * pred["total"],
                      "measured ms": 1e3 * measured, "error": pred["total"] / measured - 1,
-                     **{k: 1e3 * pred[k] for k in ("compute", "tensor", "p2p", "bubble", "data")}})
+                     **{k: 1e3 * pred[k] for k in ("compute", "sharing", "tensor", "p2p", "bubble", "data")}})
     return machine, rows, statistics.median(abs(r["error"]) for r in rows)
 
 

@@ -7,7 +7,7 @@ from helpers import plots
 
 TIME_TERMS = ("compute", "tensor", "context", "expert", "p2p", "bubble", "data")
 MEMORY_TERMS = ("params", "grads", "optim", "activations", "working", "logits")
-CHECK_TERMS = ("compute", "tensor", "p2p", "bubble", "data")    # the small-model mode's terms
+CHECK_TERMS = ("compute", "sharing", "tensor", "p2p", "bubble", "data")    # the small-model mode's terms
 
 
 def label(r):

@@ -186,7 +186,8 @@ def main(argv=None):
     if a.images and not failed:
         from helpers import images
 
-        print("key figures written to images/:", ", ".join(images.make(executed_dir, a.smoke)))
+        kept = images.make(executed_dir, a.smoke, [p.stem for p in paths])
+        print("key figures written to images/:", ", ".join(kept))
     index = write_site(executed, a.out, machine_line(a.smoke))
     print(f"site written to {index}")
     if failed:

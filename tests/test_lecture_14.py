@@ -1,11 +1,13 @@
 """Lecture 14 (a planner for N-D parallelism): its key measured claim, with negative controls.
 
 The claim (notebooks/14_planner.ipynb, section 4): the planner's step_time on this machine's figures
-(measured in the same launch, with as many ranks busy as the run: planner_machine.measure, the
-function bench/planner.py uses too) predicts nd3d.train's measured step of every (dp, tp, pp) layout
-of 4 ranks (6 layouts, 2-D and 3-D among them) with a median |relative error| of at most 50 %: the
-bound the lecture asserts and justifies from the spread of its rounds (the issue's 20 % is not
-reached on this 2-core machine; the lecture says why). Run here on lecture 13's tiny GPT, 2 rounds.
+(measured in the same launch: one rank's compute alone, the slowdown of n ranks computing at once,
+the ring's and a message's alpha and B, the data-parallel call's wait after compute;
+planner_machine.measure, the function bench/planner.py uses too) predicts nd3d.train's measured step
+of every (dp, tp, pp) layout of 4 ranks (6 layouts, 2-D and 3-D among them) with a median |relative
+error| of at most 35 %: the bound the lecture asserts for its SMOKE run (one round; its full run
+asserts 25 %, the issue's goal is 20 %: the lecture gives the runs). Run here on lecture 13's tiny
+GPT, 2 rounds.
 
 Negative controls: the same measurements against a model 5 times too slow fail the bound (by
 construction, once the claim holds: a control that cannot pass by luck); and the overlap cap:
@@ -32,7 +34,7 @@ from course.planner import differences
 from helpers import bench, fake_mesh, paper, planner, planner_machine, shape
 
 LECTURE = Path(shape.NOTEBOOKS) / "14_planner.ipynb"
-BOUND = 0.5
+BOUND = 0.35   # the lecture's SMOKE bound
 H100S = {"gpus_per_node": 8, "nodes": 128, "memory": 80e9, "reserve": 0.1,   # the lecture's plan
          "peak_flops": 989e12, "efficiency": 0.4, "intra_bw": 450e9, "intra_alpha": 5e-6,
          "inter_bw": 50e9, "inter_alpha": 10e-6}
@@ -53,8 +55,8 @@ def test_the_planner_predicts_the_measured_steps(checked):
 
 
 def test_a_model_off_by_a_factor_fails_the_check(checked):
-    # Deterministic, given the claim above holds: at least half the rows are within 50 %, and
-    # 5x their prediction is then at least 150 % off, so the median of a 5x model exceeds 75 %.
+    # Deterministic, given the claim above holds: at least half the rows are within 35 %, and
+    # 5x their prediction is then at least 225 % off, so the median of a 5x model exceeds 35 %.
     # (Dropping the tensor term instead was tried: whether it fails depends on the run's noise.)
     _, rows, _, _ = checked
     errors = [5 * r["predicted ms"] / r["measured ms"] - 1 for r in rows]

@@ -7,6 +7,7 @@ memory, ZeRO-2/3 with a pipeline, the last stage's copy of a tied embedding, eac
 warm-up, MoE all-to-alls of each tensor-parallel rank's tokens), each by hand with a negative control;
 Table 1's rows as Megatron-LM's script ran them (micro-batch, interleaving). Fast: no process group."""
 import math
+import statistics
 
 import pytest
 import torch
@@ -343,7 +344,11 @@ def _machine_that_follows_the_model():
     def sweep(kind, model):
         return [{"label": kind, "kind": kind, "size": n, "count": n // 8, "times": [model(n)],
                  "wrong": 0} for n in sizes]
+    alone = truth["c0"] + f(8) / truth["flops"]
+    ring = cost.ring_all_reduce(65536, 2, 1e9, 1e-4)
     machine = {"step_s": {n: [truth["c0"] + f(n) / truth["flops"]] * 3 for n in (8, 4, 2)},
+               "busy_s": {1: alone, 2: alone},                      # two cores: no slowdown
+               "after": {(2, 65536): [(0.0, ring)] * 3},            # no wait beyond the ring
                "sweep": {"host": "h", "backend": "gloo", "method": "nccl-tests", "iters": 5,
                          "rows": sweep("all_reduce", lambda n: cost.ring_all_reduce(n, 2, 1e9, 1e-4))
                          + sweep("send_recv", lambda n: 2e-4 + n / 5e8)}}
@@ -363,6 +368,47 @@ def test_compare_recovers_a_machine_that_follows_the_model():
         assert got[key] == pytest.approx(truth[key], rel=1e-6), key
     assert [r["dp,tp,pp"] for r in rows] == ["2,1,1", "1,2,1", "1,1,2"]
     assert error == pytest.approx(0.0, abs=1e-6)
+
+
+def test_shared_cores_price_each_slot_at_its_busy_ranks_speed():
+    # Two cores, perfectly shared: n ranks computing at once each run max(1, n/2) times slower. 1F1B
+    # played by hand, a forward f and a backward 2f per micro-batch (one slot's compute: 3f), m = 2:
+    # dp=2, pp=2 on 4 ranks: F0 alone (f); F1 and F0 on both stages, 4 ranks (2f); B0 alone on the
+    # last (2f); then 1F1B's tail of B0, F1, B1 on both stages and B1 on the first: 12f = 4 slots' worth.
+    # dp=1, pp=4: never more than 2 stages (2 ranks) at once: 15f = 5 slots, every slot at full speed.
+    two_cores = dict(MACHINE, slowdown={1: 1.0, 2: 1.0, 4: 2.0})
+    for (dp, pp), slots in (((2, 2), 4), ((1, 4), 5)):
+        alone = planner.tiny_step_time(CFG, MACHINE, dp=dp, tp=1, pp=pp, micro_batches=2)
+        shared = planner.tiny_step_time(CFG, two_cores, dp=dp, tp=1, pp=pp, micro_batches=2)
+        slot = alone["compute"] / 2                                  # one micro-batch, a core to itself
+        assert shared["compute"] == alone["compute"] and shared["bubble"] == alone["bubble"]
+        assert shared["sharing"] == pytest.approx(slot * (slots - (2 + pp - 1)))   # beyond m + p - 1 slots
+        assert shared["total"] == pytest.approx(slots * slot + (2 + pp - 1) / 2 * alone["p2p"] + alone["data"])
+        # the cluster's closed form at every rank busy (the old price) is slower by the bubble's idle cores
+        busy = dict(MACHINE, flops=MACHINE["flops"] / 2)
+        assert planner.tiny_step_time(CFG, busy, dp, 1, pp, 2)["total"] > shared["total"] + slot / 2
+    assert planner.shared_slots(4, {1: 1.0, 2: 1.0, 4: 2.0}, 2, 2) == [1.0, 2.0, 1.0]
+    assert planner.shared_slots(8, {}, 4, 2) == [1.0] * 5                     # a GPU per rank
+    assert planner.slowdown_at({1: 1.0, 2: 1.0, 4: 2.0, 8: 4.0}, 6) == pytest.approx(3.0)
+
+
+def test_data_wait_is_added_per_data_parallel_call():
+    waits = dict(MACHINE, data_wait={2: 0.01, 4: 0.5})
+    for dp, tp, pp in ((2, 1, 1), (2, 2, 1), (2, 1, 2)):
+        plain = planner.tiny_step_time(CFG, MACHINE, dp, tp, pp, 1)
+        assert planner.tiny_step_time(CFG, waits, dp, tp, pp, 1)["data"] == pytest.approx(plain["data"] + 0.01)
+    assert planner.tiny_step_time(CFG, waits, 1, 2, 2, 1) == planner.tiny_step_time(CFG, MACHINE, 1, 2, 2, 1)
+
+
+def test_after_waits_take_the_last_start_to_the_last_end_less_the_ring():
+    from helpers import planner_machine
+    ring = cost.ring_all_reduce(1024, 2, 1e9, 1e-4)
+    # rank 1 starts 5 ms late and both end 2 ms after it: the call waited 2 ms less the ring's time
+    per_rank = [{"after": {(2, 1024): [(0.000, 0.007)] * 3}}, {"after": {(2, 1024): [(0.005, 0.007)] * 3}}]
+    waits = planner_machine.after_waits(per_rank, (1e-4, 1e9), statistics.median)
+    assert waits == {2: pytest.approx(0.002 - ring)}
+    # negative control: timed from the first start instead, it would be 7 ms
+    assert waits[2] < 0.007 - ring - 1e-3
 
 
 def test_configurations_and_summary_pool_the_rank_counts():
