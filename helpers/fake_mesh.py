@@ -76,7 +76,8 @@ def count(model, dp, tp, cp=1, micro_batch=1, micro_batches=1, sequence_parallel
 
 
 def counts(model, layouts, timeout=120):
-    """count() for several layouts (dicts of count's arguments), each in a fresh process."""
+    """count() for several layouts (dicts of count's arguments), each in a fresh process; the
+    processes run at once (they count, nothing is timed)."""
     specs = []
     for layout in layouts:
         layout = {"cp": 1, "micro_batch": 1, "micro_batches": 1, "sequence_parallel": False,
@@ -85,20 +86,31 @@ def counts(model, layouts, timeout=120):
         if why:
             raise ValueError(why)
         specs.append({"model": model, **layout})
-    return [_run(spec, timeout) for spec in specs]
+    return _run(specs, timeout)
 
 
-def _run(spec, timeout):
-    """One count in its own process: a second mesh in the same process would meet the first one's
-    cached groups after destroy_process_group."""
+def _run(specs, timeout):
+    """Each count in its own process (a second mesh in the same process would meet the first one's
+    cached groups after destroy_process_group), all started at once; their results in order."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "helpers.fake_mesh", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"the fake-mesh count failed:\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["seconds"] = time.perf_counter() - start
-    return out
+    procs = [subprocess.Popen([sys.executable, "-m", "helpers.fake_mesh", json.dumps(spec)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for spec in specs]
+    outs = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=max(1.0, start + timeout - time.perf_counter()))
+            if proc.returncode:
+                raise RuntimeError(f"the fake-mesh count failed:\n{stderr[-3000:]}")
+            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:             # a failure or a timeout leaves none running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for out in outs:
+        out["seconds"] = time.perf_counter() - start
+    return outs
 
 
 def compare(counted, expected, dims=("tensor", "pipeline", "data")):
