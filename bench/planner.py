@@ -59,6 +59,9 @@ def main():
     print(f"median relative error over {len(rows)} layouts = {med:.1%} (goal <= {GOAL:.0%}, lecture's bound "
           f"{BOUND:.0%}); per round alone: " + ", ".join(f"{e:.0%}" for e in per_round)
           + f"; {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    old = planner_machine.rescore(rows, {k: planner_machine.old_price(m) for k, m in machines.items()},
+                                  cfg, args.micro_batches)
+    print(f"the same steps at the old price (every slot's compute at all K ranks' speed, no wait): {old:.1%}")
     from helpers import paper
     rows = paper.compare()
     skill = paper.skill(rows)

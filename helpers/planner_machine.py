@@ -236,6 +236,22 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
     return machine, rows, statistics.median(abs(r["error"]) for r in rows)
 
 
+def old_price(machine):
+    """The machine's figures as the check priced them before it modelled the shared cores: every
+    slot's compute at the speed of all K ranks busy, no wait after compute (a control)."""
+    k = machine["ranks"]
+    return dict(machine, slowdown={1: machine["slowdown"][k], k: machine["slowdown"][k]}, data_wait={})
+
+
+def rescore(rows, machines, cfg, micro_batches):
+    """The median |predicted / measured - 1| of summary()'s rows predicted on other figures
+    ({K: machine}): the same measured steps, another price."""
+    import statistics
+    return statistics.median(
+        abs(tiny_step_time(cfg, machines[r["K"]], *map(int, r["dp,tp,pp"].split(",")),
+                           micro_batches)["total"] * 1e3 / r["measured ms"] - 1) for r in rows)
+
+
 # ------------------------------------- the lecture's and the bench's check: one way to measure
 
 def configurations(k, cfg, micro_batches):

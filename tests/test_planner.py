@@ -376,17 +376,19 @@ def test_shared_cores_price_each_slot_at_its_busy_ranks_speed():
     # dp=2, pp=2 on 4 ranks: F0 alone (f); F1 and F0 on both stages, 4 ranks (2f); B0 alone on the
     # last (2f); then 1F1B's tail of B0, F1, B1 on both stages and B1 on the first: 12f = 4 slots' worth.
     # dp=1, pp=4: never more than 2 stages (2 ranks) at once: 15f = 5 slots, every slot at full speed.
+    # dp=1, tp=2, pp=2 counts ranks as dp=2, pp=2 does (2 per stage): 4 slots' worth, as by hand.
     two_cores = dict(MACHINE, slowdown={1: 1.0, 2: 1.0, 4: 2.0})
-    for (dp, pp), slots in (((2, 2), 4), ((1, 4), 5)):
-        alone = planner.tiny_step_time(CFG, MACHINE, dp=dp, tp=1, pp=pp, micro_batches=2)
-        shared = planner.tiny_step_time(CFG, two_cores, dp=dp, tp=1, pp=pp, micro_batches=2)
+    for (dp, tp, pp), slots in (((2, 1, 2), 4), ((1, 1, 4), 5), ((1, 2, 2), 4)):
+        alone = planner.tiny_step_time(CFG, MACHINE, dp=dp, tp=tp, pp=pp, micro_batches=2)
+        shared = planner.tiny_step_time(CFG, two_cores, dp=dp, tp=tp, pp=pp, micro_batches=2)
         slot = alone["compute"] / 2                                  # one micro-batch, a core to itself
         assert shared["compute"] == alone["compute"] and shared["bubble"] == alone["bubble"]
         assert shared["sharing"] == pytest.approx(slot * (slots - (2 + pp - 1)))   # beyond m + p - 1 slots
-        assert shared["total"] == pytest.approx(slots * slot + (2 + pp - 1) / 2 * alone["p2p"] + alone["data"])
+        calls = (2 + pp - 1) / 2 * (alone["tensor"] + alone["p2p"])
+        assert shared["total"] == pytest.approx(slots * slot + calls + alone["data"])
         # the cluster's closed form at every rank busy (the old price) is slower by the bubble's idle cores
         busy = dict(MACHINE, flops=MACHINE["flops"] / 2)
-        assert planner.tiny_step_time(CFG, busy, dp, 1, pp, 2)["total"] > shared["total"] + slot / 2
+        assert planner.tiny_step_time(CFG, busy, dp, tp, pp, 2)["total"] > shared["total"] + slot / 2
     assert planner.shared_slots(4, {1: 1.0, 2: 1.0, 4: 2.0}, 2, 2) == [1.0, 2.0, 1.0]
     assert planner.shared_slots(8, {}, 4, 2) == [1.0] * 5                     # a GPU per rank
     assert planner.slowdown_at({1: 1.0, 2: 1.0, 4: 2.0, 8: 4.0}, 6) == pytest.approx(3.0)
@@ -394,9 +396,10 @@ def test_shared_cores_price_each_slot_at_its_busy_ranks_speed():
 
 def test_data_wait_is_added_per_data_parallel_call():
     waits = dict(MACHINE, data_wait={2: 0.01, 4: 0.5})
-    for dp, tp, pp in ((2, 1, 1), (2, 2, 1), (2, 1, 2)):
+    for dp, tp, pp in ((2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1)):
         plain = planner.tiny_step_time(CFG, MACHINE, dp, tp, pp, 1)
-        assert planner.tiny_step_time(CFG, waits, dp, tp, pp, 1)["data"] == pytest.approx(plain["data"] + 0.01)
+        wait = waits["data_wait"][dp]                               # looked up by the group's size
+        assert planner.tiny_step_time(CFG, waits, dp, tp, pp, 1)["data"] == pytest.approx(plain["data"] + wait)
     assert planner.tiny_step_time(CFG, waits, 1, 2, 2, 1) == planner.tiny_step_time(CFG, MACHINE, 1, 2, 2, 1)
 
 
@@ -409,6 +412,12 @@ def test_after_waits_take_the_last_start_to_the_last_end_less_the_ring():
     assert waits == {2: pytest.approx(0.002 - ring)}
     # negative control: timed from the first start instead, it would be 7 ms
     assert waits[2] < 0.007 - ring - 1e-3
+    # four ranks, groups of 2 and of 4: every rank's stamps of a call taken together, each group
+    # size's ring subtracted (the last start at 3 ms, the last end at 10 ms: 7 ms)
+    stamps = [(0.000, 0.010), (0.003, 0.009), (0.001, 0.008), (0.002, 0.010)]
+    per_rank = [{"after": {(2, 1024): [s] * 3, (4, 1024): [s] * 3}} for s in stamps]
+    waits = planner_machine.after_waits(per_rank, (1e-4, 1e9), statistics.median)
+    assert waits == {2: pytest.approx(0.007 - ring), 4: pytest.approx(0.007 - cost.ring_all_reduce(1024, 4, 1e9, 1e-4))}
 
 
 def test_configurations_and_summary_pool_the_rank_counts():
@@ -429,6 +438,12 @@ def test_configurations_and_summary_pool_the_rank_counts():
     assert [r["K"] for r in rows] == [2, 2, 2] and set(machines) == {2}
     assert per_round == [pytest.approx(0.0, abs=1e-6), pytest.approx(0.5, abs=1e-6)]
     assert 0.0 < median < 0.5
+    # rescore: the same rows on the same figures give the same median; on figures twice as fast, more
+    assert planner_machine.rescore(rows, machines, CFG, 2) == pytest.approx(median)
+    fast = {k: dict(m, flops=m["flops"] * 2) for k, m in machines.items()}
+    assert planner_machine.rescore(rows, fast, CFG, 2) > median
+    old = planner_machine.old_price(dict(machines[2], slowdown={1: 1.0, 2: 1.5}))
+    assert old["slowdown"] == {1: 1.5, 2: 1.5} and old["data_wait"] == {}
 
 
 # ----------------------------------------------------------- layouts as production runs make them
