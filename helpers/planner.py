@@ -191,8 +191,10 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     per_micro_batch = {2: data_time(("reduce_scatter",)), 3: data}.get(zero, 0.0) if pp > 1 else 0.0
     in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
     bubble = (pp - 1) / (m * chunks) * (sum(slot.values()) + in_slots)
-    slowdown = shared_slots(dp * tp * pp * cp, cluster.get("slowdown"), pp, m * chunks)
-    sharing = slot["compute"] / (m * chunks) * sum(s - 1 for s in slowdown)   # 0: a GPU per rank
+    sharing = 0.0                                            # a GPU per rank: nothing shared
+    if cluster.get("slowdown"):                              # not on the plan's hot path otherwise
+        slowdown = shared_slots(dp * tp * pp * cp, cluster["slowdown"], pp, m * chunks)
+        sharing = slot["compute"] / (m * chunks) * sum(s - 1 for s in slowdown)
     total = sum(slot.values()) + bubble + sharing + exposed
     return {**slot, "bubble": bubble, "sharing": sharing, "data": exposed, "hidden": hidden,
             "overlappable": overlappable, "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}

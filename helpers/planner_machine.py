@@ -168,8 +168,7 @@ def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     batches = sorted(per_rank[0]["step_s"])
     seconds = [stat(per_rank[0]["step_s"][n]) for n in batches]          # rank 0 alone
     compute = fit_alpha_beta([executed_flops(tiny_model(cfg), n) for n in batches], seconds)
-    one = lambda v: stat(v) if isinstance(v, list) else v   # noqa: E731 (pooled rounds or one)
-    busy = {n: max(one(r["busy_s"][n]) for r in per_rank[:n]) for n in per_rank[0]["busy_s"]}
+    busy = {n: max(stat(r["busy_s"][n]) for r in per_rank[:n]) for n in per_rank[0]["busy_s"]}
     slowdown = {n: max(1.0, t / busy[1]) for n, t in busy.items()}   # n at once against one alone
     ar_alpha, ar_bw = ring_link([r for r in rows if r["kind"] == "all_reduce"])
     p2p_alpha, p2p_bw = p2p_link([r for r in rows if r["kind"] == "send_recv"])
