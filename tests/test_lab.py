@@ -19,9 +19,10 @@ The lectures that run here are those with outputs Lab draws itself, where paperm
 them: every lecture with ipywidgets (an interact, the planner's controls: each is its own code, and
 its slider is moved), and, if those do not already show them, one lecture with a progress line
 (helpers.progress, which helpers.bench's sweep uses: a display updated in place) and one with a
-display update. Today that is 02, 08 and 14. Every lecture runs headless in
-tests/test_notebooks.py, and for the others Lab's kernel, streams and figures work as they do here;
-running more of them twice would put `make test` past its 10 minutes (issue 20).
+display update. Today that is 02 (widgets, a progress line) and 14 (widgets, a display update).
+Every lecture runs headless in tests/test_notebooks.py, and for the others Lab's kernel, streams
+and figures work as they do here; running more of them twice would put `make test` past its 10
+minutes (issue 20).
 `make test LAB=all` (the environment variable) runs every lecture here.
 
 The lectures run with SMOKE = True and WORLD_SIZE = 2 (or the fewest ranks a lecture accepts: 4 for
