@@ -52,19 +52,8 @@ html: $(READY)
 images: $(READY)
 	$(BIN)/python -m helpers.site --out build/html --images
 
-# The tests marked `beside` (tests/test_spawn.py, test_cluster.py, test_lecture_16.py: hangs until
-# a timeout, restarts under torchrun, two agents; they time nothing) run in a second
-# pytest beside the rest, at a lower priority (nice 10), in the cores the rest leaves idle (40 % of
-# a serial run's core-seconds: paced links, timeouts, a browser); every timed test and every
-# lecture stays in the first, one after another. Its report follows the first's.
-# `pytest tests` runs them all in one process.
 test: $(READY)
-	@mkdir -p build
-	LAB=$(LAB) nice -n 10 $(BIN)/python -m pytest -ra --durations=5 -p no:cacheprovider -m beside tests \
-		>build/test-beside.log 2>&1 & beside=$$!; trap 'kill $$beside 2>/dev/null' INT TERM; \
-	LAB=$(LAB) $(BIN)/python -m pytest -ra --durations=15 -m "not beside" tests; main=$$?; \
-	wait $$beside; side=$$?; echo "--- beside it (build/test-beside.log):"; cat build/test-beside.log; \
-	[ $$main -eq 0 ] && [ $$side -eq 0 ]
+	LAB=$(LAB) $(BIN)/python -m pytest -ra --durations=15 tests
 
 lab: $(READY)
 	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)

@@ -16,8 +16,6 @@ from helpers import spawn as launcher
 from helpers import stacks
 from helpers.spawn import SpawnError, SpawnTimeout, spawn
 
-pytestmark = pytest.mark.beside  # times nothing: `make test` runs these beside the rest (Makefile)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
