@@ -3,6 +3,8 @@ computing at once, alpha and B, and the wait of a call after compute, measured i
 (machine_rank, after_compute, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
 predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
 check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
+import statistics
+
 from helpers.cost import fit_alpha_beta
 from helpers.planner_counts import executed_flops
 
@@ -159,7 +161,6 @@ def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     of n ranks computing at once against one alone}; (alpha, B) of a ring step and of a message,
     fitted to each size's `stat` over the sweep's rounds; the data-parallel call's wait after
     compute per group size (after_waits). stat: statistics.median by default."""
-    import statistics
 
     from helpers import bench
     stat = stat or statistics.median
@@ -214,7 +215,6 @@ def compare(per_rank, cfg, micro_batches, stat=None, warmup_steps=1):
     prediction's terms; and the median
     |relative error| over the configurations. stat: statistics.median (the series' convention, the
     default) or min (the fastest: interference from other work only adds time)."""
-    import statistics
     stat = stat or statistics.median
     n = len(per_rank[0]["machine"])
     pooled = [{"step_s": {b: [t for m in r["machine"] for t in m["step_s"][b]] for b in r["machine"][0]["step_s"]},
@@ -245,7 +245,6 @@ def old_price(machine):
 def rescore(rows, machines, cfg, micro_batches):
     """The median |predicted / measured - 1| of summary()'s rows predicted on other figures
     ({K: machine}): the same measured steps, another price."""
-    import statistics
     return statistics.median(
         abs(tiny_step_time(cfg, machines[r["K"]], *map(int, r["dp,tp,pp"].split(",")),
                            micro_batches)["total"] * 1e3 / r["measured ms"] - 1) for r in rows)
@@ -291,7 +290,6 @@ def summary(measured, cfg, micro_batches, stat=None):
     every layout of every k (compare's rows, with "K"), the median |relative error| over all of them,
     and the same median for each round alone (its own figures, its own runs): the spread of the
     check over repeated runs."""
-    import statistics
     machines, rows, per_round = {}, [], []
     for k, per_rank in measured.items():
         machines[k], k_rows, _ = compare(per_rank, cfg, micro_batches, stat)
