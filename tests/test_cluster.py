@@ -1,7 +1,9 @@
 """The SLURM scripts of cluster/, run as far as a laptop can: `srun` and `scontrol` are stand-ins
 that start one torchrun agent per "node" on this machine (SLURM_NNODES of them, each its own
 process), so the batch file, cluster/torchrun.sh and torchrun's c10d rendezvous on the loopback run
-for real, two agents as two nodes, one rank each (gloo)."""
+for real, two agents as two nodes, one rank each (gloo). The stand-in nodes see no GPU: under
+torchrun 'auto' picks NCCL when a node has a GPU per local rank (right on real nodes), and on a
+one-GPU machine both stand-ins would take cuda:0, which NCCL refuses."""
 import json
 import os
 import socket
@@ -38,7 +40,7 @@ def sbatch(script, tmp_path, **env):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2",
            "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": f"t{os.getpid()}",
            "SLURM_SUBMIT_DIR": str(ROOT), "NPROC_PER_NODE": "1", "PYTHON": sys.executable,
-           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", **env}
+           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "CUDA_VISIBLE_DEVICES": "", **env}
     env.pop("HELPERS_SPAWN_RANK", None)
     out = subprocess.run(["bash", str(ROOT / "cluster" / script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=240)
