@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.beside  # times nothing: `make test` runs these beside the rest (Makefile)
+
 ROOT = Path(__file__).resolve().parent.parent
 SRUN = """#!/bin/bash
 # srun's stand-in: run the command once per node (SLURM_NNODES), each with its SLURM_NODEID

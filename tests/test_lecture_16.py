@@ -36,6 +36,8 @@ SCRIPT = str(Path(shape.NOTEBOOKS) / "ckpt_train.py")
 sys.path.insert(0, str(shape.NOTEBOOKS))  # here and in the spawned ranks
 import ckpt_train  # noqa: E402
 
+pytestmark = pytest.mark.beside  # times nothing: `make test` runs these beside the rest (Makefile)
+
 STEPS, EVERY, KILL_AT = 8, 2, 4
 HANG_AT, TIMEOUT = 5, 5.0
 
