@@ -60,9 +60,9 @@ images: $(READY)
 #    checked exactly; the waiting ones first, so that the two streams share idle cores);
 # 2. after both: everything else (every timed test and every lecture), one after another, alone.
 # `pytest tests` runs them all in one process.
-UNTIMED = tests/test_spawn.py tests/test_nd3d.py tests/test_lab.py tests/test_fake_mesh.py tests/test_lecture_13.py \
-	tests/test_zero_wrappers.py tests/test_planner.py tests/test_consistency.py tests/test_shape.py \
-	tests/test_saved.py tests/test_environment.py
+UNTIMED = tests/test_spawn.py tests/test_nd3d.py tests/test_lab.py tests/test_fake_mesh.py \
+	tests/test_lecture_13.py tests/test_zero_wrappers.py tests/test_planner.py \
+	tests/test_consistency.py tests/test_shape.py tests/test_saved.py tests/test_environment.py
 test: $(READY)
 	@mkdir -p build
 	LAB=$(LAB) nice -n 10 $(BIN)/python -m pytest -ra --durations=5 -p no:cacheprovider \

@@ -161,7 +161,6 @@ def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     of n ranks computing at once against one alone}; (alpha, B) of a ring step and of a message,
     fitted to each size's `stat` over the sweep's rounds; the data-parallel call's wait after
     compute per group size (after_waits). stat: statistics.median by default."""
-
     from helpers import bench
     stat = stat or statistics.median
     rows = bench.combine([r["sweep"] for r in per_rank], len(per_rank), dtype)
