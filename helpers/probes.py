@@ -21,6 +21,7 @@ Here "yes" means only that the call ran without raising: its values are not chec
 Every probe fails alike on all ranks, before any data moves, so one rank's record speaks for all.
 """
 import functools
+import re
 
 import torch
 import torch.distributed as dist
@@ -45,9 +46,11 @@ MARK = {"Y": "yes", "N": "no", "?": "?"}
 
 
 def first_line(error, limit=70):
-    """'RuntimeError: the first line of its message', cut to `limit` characters."""
+    """'RuntimeError: the first line of its message', cut to `limit` characters, without a
+    leading '[/path/of/torch's/build/file.cc:339] ' (gloo's errors begin with one)."""
     lines = str(error).strip().splitlines() or [""]
-    return f"{type(error).__name__}: {lines[0][:limit]}"
+    line = re.sub(r"^\[[^\]]*:\d+\]\s*", "", lines[0])
+    return f"{type(error).__name__}: {line[:limit]}"
 
 
 def _reduce_scatter_single(out, x, op):
@@ -158,14 +161,16 @@ def reduce_ops(world_size, timeout=60):
 
 # ------------------------------------------------------------- the reading's support table
 
-def try_calls(rank, world_size, where):
+def try_calls(rank, world_size, where, only=None):
     """On every rank: {call: "yes" (ran without raising) or "no (the error's first line)"} for
-    tensors on `where`."""
+    tensors on `where`; every call, or those in `only`."""
     dev = torch.device("cpu") if where == "cpu" else torch.device("cuda", rank % torch.cuda.device_count())
     k, out = world_size, {}
     x = lambda: torch.arange(2 * k, dtype=torch.float32, device=dev) + rank  # noqa: E731
 
     def attempt(names, fn):
+        if only is not None and not set(names) & set(only):
+            return
         try:
             fn()
             if dev.type == "cuda":
@@ -190,6 +195,22 @@ def try_calls(rank, world_size, where):
     attempt(["reduce_scatter"], lambda: dist.reduce_scatter(torch.empty(2, device=dev), list(x().chunk(k))))
     attempt(["all_to_all"], lambda: dist.all_to_all(list(torch.empty(2 * k, device=dev).chunk(k)),
                                                     list(x().chunk(k))))
+    return out
+
+
+def one_at_a_time(backend, where, k, timeout=60, probe=try_calls):
+    """The calls of try_calls, each in a spawn of its own: a call that kills its process (an
+    abort in C++, which nothing catches) reads "no (rank r died: its first line of output)"
+    and the other calls are still tried."""
+    out = {}
+    for names in [["send", "recv"]] + [[c] for c in READING_CALLS[2:]]:
+        try:
+            out.update(spawn(probe, world_size=k, backend=backend, args=(where, names),
+                             timeout=timeout)[0])
+        except SpawnError as e:
+            said = str(e).partition("Its last output:\n")[2].strip().splitlines()
+            why = f"rank {e.rank} died" + (f": {said[0].strip()[:70]}" if said else "")
+            out.update({name: f"no ({why})" for name in names})
     return out
 
 
@@ -225,7 +246,10 @@ def calls_vs_reading(timeout=60):
                 res = spawn(try_calls, world_size=k, backend=b, args=(where,), timeout=timeout)
                 found[b, where] = res[0]
             except SpawnError as e:
-                reason = f"the probe failed: {str(e).splitlines()[0]}"
+                found[b, where] = one_at_a_time(b, where, k, timeout)
+                if all(v.startswith("no (rank") for v in found[b, where].values()):
+                    del found[b, where]                       # it does not start at all
+                    reason = f"the probe failed: {str(e).splitlines()[0]}"
         if reason is not None:
             skipped[b, where] = reason
     rows = [{"call": name, **{f"{b} {w}": cell(READING[name][j], found.get((b, w), {}).get(name))

@@ -178,6 +178,28 @@ def test_a_cell_sets_what_was_found_beside_the_readings_mark():
         {"call": "reduce_scatter", "backend": "gloo", "device": "cpu", "reading": "no", "now": "yes"},
         {"call": "send", "backend": "gloo", "device": "cpu", "reading": "yes", "now": "no (ValueError: v)"}]
     assert probes.first_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:339] writev: Bad address")
+    assert probes.first_line(gloo) == "RuntimeError: writev: Bad address"   # no build machine's path
+
+
+def _aborts_on_send(rank, world_size, where, only=None):
+    """try_calls' signature; a send ends the process as a C++ abort does (gloo's send of a CUDA
+    tensor on an H200 with torch 2.11): a line on stderr, then SIGABRT, nothing to catch."""
+    import os
+    import sys
+    if "send" in only:
+        print("terminate called after throwing an instance of 'gloo::IoException'", file=sys.stderr,
+              flush=True)
+        os.abort()
+    return {name: "yes" for name in only}
+
+
+def test_a_call_that_kills_its_rank_reads_no_and_the_other_calls_are_still_tried():
+    got = probes.one_at_a_time("gloo", "cpu", 2, timeout=30, probe=_aborts_on_send)
+    died = "no (rank 0 died: terminate called after throwing an instance of 'gloo::IoException')"
+    assert got == {"send": died, "recv": died, **{c: "yes" for c in probes.READING_CALLS[2:]}}
+    assert spawn(probes.try_calls, 2, backend="gloo", args=("cpu", ["broadcast"])) == \
+        [{"broadcast": "yes"}] * 2
 
 
 def test_the_probes_run_on_gloo_and_grade_it():

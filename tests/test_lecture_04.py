@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from course.cuda_streams import assert_overlaps, overlapped_step, sequential_step
-from helpers import cost, shape, streams_bench
+from helpers import cost, machine, shape, streams_bench
 from helpers.spawn import spawn
 
 GBPS, NBYTES = 0.05, 2 * 2**20    # the lecture's 2 MiB at 0.05 GB/s: 42 ms on 2 ranks
@@ -71,11 +71,13 @@ def test_the_paced_all_reduce_sums_and_takes_the_ring_time():
 
 def test_the_cpu_share_is_taken_around_the_collective_only():
     """Per rank, the share of a core its process used during its all-reduce: at most the cores
-    each rank has (one here), which a share taken around a fill, a barrier and a check was not."""
+    each rank has (one on 2 cores; its threads, gloo's among them, can use more where there are
+    more), which a share taken around a fill, a barrier and a check was not."""
     runs = spawn(streams_bench.overlap_rank, 2, backend="gloo",
                  args=({"overlapped": overlapped_step}, 2**20, [0.5], 3, None, "matmul"))
     _, medians = streams_bench.cpu_shares(runs)
-    assert all(0 < m <= 1.05 for m in medians), medians
+    each = machine.usable_cores() / 2
+    assert all(0 < m <= 1.05 * each for m in medians), (medians, each)
 
 
 def test_the_lecture_has_the_shape():
