@@ -178,7 +178,7 @@ def floor_figure(runs):
     from helpers import plots
     from helpers.timing import spread_label
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for ax, name in zip(axes, ("all_reduce", "all_gather")):
         for j, (label, rows) in enumerate(runs):
             for method, style in (("nccl-tests", "o-"), ("per-call", "s:")):
@@ -195,9 +195,10 @@ def floor_figure(runs):
         ax.set_yscale("log")
         ax.set_title(f"{name}, K=1 ({'in place' if name == 'all_reduce' else 'out of place'})")
     axes[0].set_ylabel("time per call (us)")
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    handles, labels = axes[0].get_legend_handles_labels()     # below both: the labels are long
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(2, len(labels)))
     fig.suptitle("NCCL on one GPU: no byte crosses a link")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 1) // 2), 1, 1))
     return fig
 
 

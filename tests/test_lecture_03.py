@@ -8,6 +8,9 @@ sleep, so a loaded machine moves them by a few percent of their tolerance.
   same latency and no pipeline, and must fail it.
 - busbw reads the link back (section 3): lecture 02's ring on links of B GB/s has busbw ~ B. The
   same ring with each step serialised (send, then receive) takes twice as long and must fail it.
+- a GPU's floor (section 8, the runs kept in data/): one GPU's out-of-place all-gather and
+  reduce-scatter at 256 MiB take one copy at lecture 00's device-to-device rate on that GPU; the
+  other GPU's rate (the H100's for the H200's run, and back) must fail it.
 - the harness's #wrong (section 2): the library's all-reduce and lecture 02's ring give 0; the ring
   with its last all-gather step left out gives more than 0, at every size.
 """
@@ -16,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from course.benchmarking import (assert_busbw_reads_the_link, assert_latency_is_not_throughput,
-                                 chain_ratio)
+                                 assert_the_copy_sets_the_loop, chain_ratio)
 from course.ring_math import exchange, ring_all_reduce, ring_reduce_scatter
-from helpers import bench, standins
+from helpers import archive, bench, hardware, standins
 
 GBPS = 0.02                 # the paced link of the lecture: 20 MB/s per port
 
@@ -114,3 +117,17 @@ def test_the_harness_counts_a_wrong_collective():
     assert len(rows) == 2 * 3 * 3
     for r in rows:
         assert (r["wrong"] > 0) == (r["collective"] == "broken"), r
+
+
+def test_the_kept_gpu_runs_copy_at_their_gpus_rate_and_the_other_gpus_rate_fails():
+    d2d = {run["machine"]["gpus"][0]["name"]:
+           hardware.gpu_rates(run["measurements"]["gpu_copies"])[-1]["D2D"][0]
+           for run in archive.runs("00_hardware") if run["measurements"].get("gpu_copies")}
+    on = {run["machine"]["gpus"][0]["name"]: run["measurements"]["nccl"]
+          for run in archive.runs("03_benchmarking") if run["measurements"].get("nccl")}
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(on) & set(d2d)
+    for gpu, rows in on.items():
+        assert len(assert_the_copy_sets_the_loop(rows, d2d[gpu])) == 2
+        other = next(rate for name, rate in d2d.items() if name != gpu)
+        with pytest.raises(AssertionError, match="all_gather"):
+            assert_the_copy_sets_the_loop(rows, other)

@@ -1,6 +1,6 @@
 """Lecture 03's pieces that later lectures reuse, exactly as notebooks/03_benchmarking.ipynb shows them
 (its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
-
+from helpers import plots
 
 
 def assert_busbw_reads_the_link(rows, gbps, lowest=0.8):
@@ -23,3 +23,18 @@ def assert_latency_is_not_throughput(loop_rows, per_call_rows, n, rtol=0.15):
         model = chain_ratio(k, n)
         assert a["wrong"] == b["wrong"] == 0 and abs(got / model - 1) <= rtol, \
             f"K={k}: per call / loop = {got:.3f}, the model {model:.3f}"
+
+def assert_the_copy_sets_the_loop(rows, d2d_gbps, rtol=0.10):
+    """One GPU (K=1), the largest size: the loop's time per call of the out-of-place
+    all-gather and reduce-scatter is one copy, 2n bytes (read, written) at d2d_gbps
+    (lecture 00's device-to-device rate, 2n/t); the host's cost hides behind it."""
+    n = max(r["size"] for r in rows)
+    out = [r for r in rows if r["world_size"] == 1 and r["size"] == n
+           and r["method"] == "nccl-tests"
+           and r["collective"] in ("all_gather", "reduce_scatter")]
+    assert len(out) == 2, "no K=1 all-gather and reduce-scatter at the largest size"
+    model = 2 * n / (d2d_gbps * 1e9) * 1e6
+    for r in out:
+        assert abs(r["time_us"] / model - 1) <= rtol, (r["collective"], model)
+    return [{"collective": r["collective"], "n": plots.bytes_label(n),
+             "loop us": r["time_us"], "2n/D2D us": model} for r in out]
