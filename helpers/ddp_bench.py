@@ -77,7 +77,8 @@ class _Link:
         for c, (stamp, work) in zip(self.calls, self._stamps):
             if "end" not in c:
                 work.wait()
-                c["start"] = max(stamp.item(), self.free)
+                c["launched"] = stamp.item()                # the last rank's launch
+                c["start"] = max(c["launched"], self.free)
                 c["end"] = self.free = c["start"] + c["seconds"]
             if c is call:
                 return

@@ -4,7 +4,7 @@ per-iteration breakdown read off its Chrome traces.
     runs = spawn(profile_bench.profiled_steps, k, backend="gloo",
                  args=(train_step, model_kw, cap_mb, layer_s, gbps, alpha_s, steps, folder))
     steps = profile_bench.steps_of(runs)          # per step, per rank: {range: (start, end)} s
-    measured = profile_bench.exposed(steps)       # the wait of the last rank out of backward, s
+    measured = profile_bench.exposed(steps, runs[0]["link"])  # last launch to the wait's end, s
     model = profile_bench.modelled_exposed(runs[0]["plan"], depth, layer_s, gbps, alpha_s, k)
     profile_bench.assert_exposed_predicted(measured, model, tolerance_s)
 
@@ -54,8 +54,8 @@ def profiled_steps(rank, world_size, step, model_kw, cap_mb, layer_s, gbps, alph
     if any("start" not in c for c in link.calls):
         raise RuntimeError("an all-reduce on the link was never waited for: train_step must call "
                            "sync() (finish_gradient_sync) before the optimizer step")
-    calls = [{"name": "bucket on the link", "start": c["start"] + wall, "end": c["end"] + wall}
-             for c in link.calls]
+    calls = [{"name": "bucket on the link", "start": c["start"] + wall, "end": c["end"] + wall,
+              "launched": c["launched"] + wall} for c in link.calls]
     return {"trace": path, "plan": ddp_bench.bucket_plan(ddp), "link": calls}
 
 
@@ -87,13 +87,20 @@ def steps_of(runs, names=("forward", "backward", "wait for gradients", "optimize
     return [list(step) for step in zip(*per_rank)]
 
 
-def exposed(steps):
-    """The exposed communication of each step, seconds: the "wait for gradients" range of the
-    rank that finished backward last (the link's model starts when the last bucket is ready)."""
+def exposed(steps, link=()):
+    """The exposed communication of each step, seconds, as the rank that finished backward last
+    sees it: from the step's last bucket launch (the model's end of backward: the stamp in `link`,
+    a run's log of the link; without one, the wait's start) to the end of its "wait for gradients"
+    range. A rank descheduled between its launch and the range shortens the range, not the wait."""
+    launched = sorted(c["launched"] for c in link)
     out = []
     for ranks in steps:
         last = max(ranks, key=lambda r: r["backward"][1])
-        out.append(last["wait for gradients"][1] - last["wait for gradients"][0])
+        begin, (wait0, wait1) = min(r["forward"][0] for r in ranks), last["wait for gradients"]
+        mine = [t for t in launched if begin <= t <= wait1]
+        if link and not mine:
+            raise ValueError("the link's log has no launch inside this step")
+        out.append(wait1 - (mine[-1] if mine else wait0))
     return out
 
 

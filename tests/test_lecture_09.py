@@ -2,7 +2,8 @@
 and the instruments it uses (the monitor with py-spy, DETAIL's cost, the parsers of errors).
 
 The claim (notebooks/09_profiling_debugging.ipynb, section 2): the exposed communication read off
-the profiler's trace (the "wait for gradients" range of the rank that left backward last) is lecture
+the profiler's trace (from the step's last bucket launch, stamped by the link, to the end of the
+"wait for gradients" range of the rank that left backward last) is lecture
 05's overlap model for the run's bucket plan, within 5 ms (`profile_bench.assert_exposed_predicted`).
 The negative control: a run with one bucket (every all-reduce after backward, 41.7 ms exposed)
 held to the model of four 1 MiB buckets (16.4 ms exposed) must fail it. The stand-ins take their
@@ -47,12 +48,27 @@ def runs(tmp_path_factory):
 
 
 def test_the_exposed_communication_is_predicted_and_a_serialised_run_is_not(runs):
-    for cap, (_, steps, model) in runs.items():
+    for cap, (per_rank, steps, model) in runs.items():
         assert len(steps) == 5 and all(tuple(r) == RANGES for s in steps for r in s)
-        profile_bench.assert_exposed_predicted(profile_bench.exposed(steps), model, TOLERANCE_S)
-    one_bucket = profile_bench.exposed(runs[4][1])
+        measured = profile_bench.exposed(steps, per_rank[0]["link"])
+        profile_bench.assert_exposed_predicted(measured, model, TOLERANCE_S)
+    one_bucket = profile_bench.exposed(runs[4][1], runs[4][0][0]["link"])
     with pytest.raises(AssertionError):
         profile_bench.assert_exposed_predicted(one_bucket, runs[1][2], TOLERANCE_S)
+
+
+def test_exposed_is_read_from_the_last_launch_so_a_late_range_does_not_shorten_it():
+    """The rank out of backward last launched its last bucket at 150 ms and was descheduled for
+    6 ms before its wait range began: the wait is 42 ms from the launch, 36 from the range."""
+    ranks = [{"forward": (0.0, 0.05), "backward": (0.05, 0.150),
+              "wait for gradients": (0.156, 0.192), "optimizer": (0.192, 0.193)},
+             {"forward": (0.0, 0.05), "backward": (0.05, 0.140),
+              "wait for gradients": (0.140, 0.192), "optimizer": (0.192, 0.193)}]
+    link = [{"launched": 0.120}, {"launched": 0.150}, {"launched": 0.9}]   # 0.9: a later step
+    assert profile_bench.exposed([ranks], link) == pytest.approx([0.042])
+    assert profile_bench.exposed([ranks]) == pytest.approx([0.036])
+    with pytest.raises(ValueError, match="no launch"):
+        profile_bench.exposed([ranks], [{"launched": 0.9}])
 
 
 def test_the_models_are_the_lectures_numbers(runs):
