@@ -170,3 +170,11 @@ def kept_run(run, peak):
         out["gpu"] = {"label": label, "rows": gpu_rates(m["gpu_copies"]), "host_gbps": host,
                       "hbm": hbm, "l2": l2}
     return out
+
+
+def kept_d2d_gbps(runs):
+    """{GPU name: its device-to-device rate, GB/s counted 2n/t, at the largest copy} of the runs
+    of this lecture kept in data/ (archive.runs("00_hardware")) that measured a GPU."""
+    return {run["machine"]["gpus"][0]["name"]:
+            gpu_rates(run["measurements"]["gpu_copies"])[-1]["D2D"][0]
+            for run in runs if run["measurements"].get("gpu_copies")}

@@ -120,9 +120,7 @@ def test_the_harness_counts_a_wrong_collective():
 
 
 def test_the_kept_gpu_runs_copy_at_their_gpus_rate_and_the_other_gpus_rate_fails():
-    d2d = {run["machine"]["gpus"][0]["name"]:
-           hardware.gpu_rates(run["measurements"]["gpu_copies"])[-1]["D2D"][0]
-           for run in archive.runs("00_hardware") if run["measurements"].get("gpu_copies")}
+    d2d = hardware.kept_d2d_gbps(archive.runs("00_hardware"))
     on = {run["machine"]["gpus"][0]["name"]: run["measurements"]["nccl"]
           for run in archive.runs("03_benchmarking") if run["measurements"].get("nccl")}
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(on) & set(d2d)
