@@ -194,7 +194,6 @@ def _aborts_on_send(rank, world_size, where, only=None):
     return {name: "yes" for name in only}
 
 
-@pytest.mark.beside  # times nothing, ten launches: `make test` runs it beside the rest (Makefile)
 def test_a_call_that_kills_its_rank_reads_no_and_the_other_calls_are_still_tried():
     got = probes.one_at_a_time("gloo", "cpu", 2, timeout=30, probe=_aborts_on_send)
     died = "no (rank 0 died: terminate called after throwing an instance of 'gloo::IoException')"
