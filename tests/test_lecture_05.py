@@ -147,7 +147,7 @@ def _forward_decides(rank, world_size, wrapper):
 
 def test_no_sync_is_decided_at_forward_as_in_torch():
     ours = spawn(_forward_decides, 2, args=(BucketedDDP,), backend="gloo")[0]
-    assert ours[0] == 6 and ours[1] == 0, ours               # 6 buckets of the 4 kB cap
+    assert ours[0] == 6 and ours[1] == 0, ours               # 6 buckets of the 4.2 kB cap
     torchs = spawn(_forward_decides, 2, args=(DistributedDataParallel,), backend="gloo")[0]
     assert torchs[0] >= 1 and torchs[1] == 0, torchs         # first iteration: one bucket
 

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 def shard_loader(data, rank, world_size, global_batch, seed=0):
-    """This rank's DataLoader: its shard of every global batch (B / K samples)."""
+    """This rank's DataLoader: its shard of every global batch (G / K samples)."""
     sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed)
     return DataLoader(data, batch_size=global_batch // world_size, sampler=sampler)
