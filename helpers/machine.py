@@ -115,7 +115,12 @@ def banner(world_size=None, backend=None):
     text = (f"Measured on: {d['cpu']}, {d['cores']} usable core(s), {d['memory_gib']} GiB memory, "
             f"{gpu}; torch {d['torch']}, {d['os']}.")
     if world_size is not None:
-        over = f"; oversubscribed: {world_size} ranks > {d['cores']} cores" if oversubscribed(world_size) else ""
-        text += f"\nRanks: {world_size}" + (f" on {backend}" if backend else "") + over + "."
+        text += "\n" + ranks(world_size, backend)
     old = torch_too_old()
     return text + (f"\n{old}" if old else "")
+
+
+def ranks(world_size, backend=None):
+    """The banner's second line: the ranks, flagged when they outnumber the cores."""
+    over = f"; oversubscribed: {world_size} ranks > {usable_cores()} cores" if oversubscribed(world_size) else ""
+    return f"Ranks: {world_size}" + (f" on {backend}" if backend else "") + over + "."
