@@ -100,7 +100,7 @@ def plot_copy_sweep(sizes, samples, caches, peak, dram_gbps):
     ws = [2 * s for s in sizes]
     rates = [rate(2 * s, x) for s, x in zip(sizes, samples)]
     floor = min(statistics.median(x) for x in samples)
-    fig, ax = plots.figure(width=11, height=4.6)
+    fig, ax = plots.figure(width=11, height=6.4)
     ax.plot(ws, [r[0] for r in rates], "o-", color=plots.MEASURED, label="measured, one core")
     ax.fill_between(ws, [r[1] for r in rates], [r[2] for r in rates], color=plots.MEASURED,
                     alpha=0.2, label=f"{spread_label(len(samples[0]))} of the samples")
@@ -118,7 +118,7 @@ def plot_copy_sweep(sizes, samples, caches, peak, dram_gbps):
     ax.set_ylabel("GB/s, bytes read + written (2S/t)")
     plots.log2_size_axis(ax, ws)
     ax.set_xlabel("working set 2S (source + destination)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2)
     ax.set_title("Copy on one core against this machine's caches and published DRAM peaks")
     fig.tight_layout()
     plt.show()
@@ -136,7 +136,7 @@ def plot_link(rows, fit, peak, links, bound_gbps=None, kept=()):
 
     sizes = [r["size"] for r in rows]
     gbps = {k: [2e-3 * r["size"] / r[k] for r in rows] for k in ("time_us", "p10_us", "p90_us")}
-    fig, ax = plots.figure(width=11, height=4.6)
+    fig, ax = plots.figure(width=11, height=6.4)
     ax.plot(sizes, gbps["time_us"], "o-", color=plots.MEASURED, label="measured here: n / one-way time")
     ax.fill_between(sizes, gbps["p90_us"], gbps["p10_us"], color=plots.MEASURED, alpha=0.2,
                     label=f"{spread_label(len(rows[0]['times_us']))} of the rounds")
@@ -156,7 +156,7 @@ def plot_link(rows, fit, peak, links, bound_gbps=None, kept=()):
     ax.set_xlabel("message size n")
     ax.set_ylabel("GB/s, one way")
     ax.set_title("Two ranks of one host, against published link peaks (per direction)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2)
     fig.tight_layout()
     plt.show()
 
@@ -211,7 +211,7 @@ def plot_gpu_copies(runs, peak):
                                          else NullFormatter())
             plots.log2_size_axis(ax, ns)
             ax.set_xlabel("bytes copied n")
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
         ax_h.set_ylabel("GB/s (n / t)")
         ax_d.set_ylabel("GB/s (2n / t, read + written)")
         label = textwrap.fill(run["label"], 75)
