@@ -190,7 +190,10 @@ def skill(rows):
 
 
 def table(rows):
+    """compare's rows; the errors and "step vs planner's" (relative) as signed percentages."""
     from helpers import report
+    pct = ("error", "constant error", "trend error", "step vs planner's")
+    rows = [{**r, **{k: f"{r[k]:+.1%}" for k in pct if isinstance(r[k], float)}} for r in rows]
     report.table(rows, ["model", "GPUs", "t,p,d", "b,v", "paper TF/s", "predicted TF/s", "error",
                         "constant error", "trend error", "rank", "choice", "planner t,p,d",
                         "planner b,v, recompute",
