@@ -1,7 +1,7 @@
 """3D parallelism, data x tensor x pipeline, on the series' tiny GPT, from the lectures' own pieces.
 
     res = spawn(nd3d.train, 8, args=(2, 2, 2, nd3d.CFG, 3, 2))   # dp, tp, pp, cfg, steps, micro-batches
-    nd3d.check(res, nd3d.CFG, 3)                                  # equal to nd3d.reference, float64
+    nd3d.check(res, nd3d.CFG, 3)          # equal to the single process (helpers/nd3d_check.py), float64
 
 The ranks form a (pp, dp, tp) DeviceMesh: tp varies fastest, so a tensor-parallel group is ranks that
 sit next to each other (on one node, on NVLink), and pp varies slowest (across nodes). Per step:
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from helpers import timing, tiny
+from helpers.nd3d_check import assemble, check, reference  # noqa: F401 (nd3d.check)
 from helpers.spawn import device, resolve_backend, spawn
 
 CFG = dict(vocab=64, dim=32, heads=4, depth=4, seq=16, batch=8, lr=0.1)
@@ -261,54 +262,6 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
                 bytes={d: b / steps for d, b in comm["bytes"].items()},
                 calls={d: {k: n // steps for k, n in v.items()} for d, v in comm["calls"].items()},
                 step_s=[t[("end", s)] - t[("end", s - 1)] for s in range(steps)] if timed else None)
-
-
-# ------------------------------------------------------------------ the reference, and the check
-
-def reference(cfg, steps, dtype=torch.float64):
-    """The single process: the whole model, the whole batch, mean loss, plain SGD."""
-    model = tiny.transformer(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["depth"], seed=0, dtype=dtype)
-    ids, targets = tiny.tokens(cfg["batch"], cfg["seq"], cfg["vocab"], seed=1)
-    losses = []
-    for _ in range(steps):
-        model.zero_grad()
-        loss = tiny.lm_loss(model(ids), targets)
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= cfg["lr"] * p.grad
-        losses.append(loss.item())
-    return dict(losses=losses, params={n: p.detach().clone() for n, p in model.named_parameters()})
-
-
-def assemble(results, like):
-    """The whole model from every rank's slices; every replica (over dp, and over tp for what tp
-    does not split) must agree with the others, and every entry must be owned by some rank."""
-    full = {n: torch.full_like(p, float("nan")) for n, p in like.items()}
-    for r in results:
-        for n, part in r["params"].items():
-            dim, idx = r["layout"][n]
-            view = full[n] if dim is None else full[n].index_select(dim, idx)
-            done = ~view.isnan()
-            torch.testing.assert_close(part[done], view[done], rtol=1e-12, atol=1e-12)
-            if dim is None:
-                full[n] = part.clone()
-            else:
-                full[n].index_copy_(dim, idx, part)
-    missing = [n for n, t in full.items() if t.isnan().any()]
-    assert not missing, f"no rank holds {missing}"
-    return full
-
-
-def check(results, cfg, steps, dtype=torch.float64):
-    """Assert every rank's losses and the assembled parameters equal the single process (1e-12)."""
-    ref = reference(cfg, steps, dtype)
-    for r in results:
-        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]),
-                                   rtol=1e-12, atol=1e-12)
-    full = assemble(results, ref["params"])
-    torch.testing.assert_close(full, ref["params"], rtol=1e-12, atol=1e-12)
-    return max((full[n] - ref["params"][n]).abs().max().item() for n in full)
 
 
 if __name__ == "__main__":
