@@ -108,7 +108,7 @@ def dram_rate(sizes, gbps, caches, beyond=4):
 
 def rate(moved, samples):
     """(median, low, high) in GB/s of `moved` bytes per sample of seconds: the rate of the median
-    time, and of timing.summary's p90 and p10 times (the slowest and fastest below 10 samples;
+    time, and of timing.summary's p90 and p10 times (the slowest and fastest up to 5 samples;
     timing.spread_label names them)."""
     from helpers.timing import summary
 

@@ -24,7 +24,7 @@ def sig(x, digits=2):
 
 
 def span(values, digits=2):
-    """'lo-hi' of values (timing.summary's p10-p90, which is the min-max below 10 values)."""
+    """'lo-hi' of values (timing.summary's p10-p90, which is the min-max up to 5 values)."""
     from helpers.timing import summary
 
     s = summary(values)
@@ -86,7 +86,7 @@ def _bars(rows, value):
 
 def sweep_figure(groups, fits):
     """busbw against size per collective (one panel each): the median of the rounds (dots), their
-    spread (bars: p10-p90, or min-max below 10 rounds), and the fitted t = alpha + n/B (line)."""
+    spread (bars: p10-p90, or min-max up to 5 rounds), and the fitted t = alpha + n/B (line)."""
     import matplotlib.pyplot as plt
 
     from helpers import cost, plots

@@ -39,18 +39,23 @@ def measure(fn, warmup=2, iters=10, device=None):
     return samples
 
 
+def _rank(q, n):
+    """The index of the q-quantile of n sorted samples, nearest rank (numpy's "nearest")."""
+    return min(n - 1, int(q * (n - 1) + 0.5))
+
+
 def summary(samples):
-    """Median and spread (10th and 90th percentiles, nearest rank) of a list of timings. With fewer
-    than 10 samples the nearest ranks of 10 % and 90 % are the smallest and the largest sample:
-    label such a spread min-max (spread_label)."""
+    """Median and spread (10th and 90th percentiles, nearest rank) of a list of timings. With 5
+    samples or fewer those are the smallest and the largest sample: spread_label says which."""
     s = sorted(samples)
-    pick = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
-    return {"median": statistics.median(s), "p10": pick(0.1), "p90": pick(0.9), "n": len(s)}
+    return {"median": statistics.median(s), "p10": s[_rank(0.1, len(s))],
+            "p90": s[_rank(0.9, len(s))], "n": len(s)}
 
 
 def spread_label(n):
-    """What summary()'s p10-p90 of n samples is: "p10-p90", or "min-max" below 10 samples."""
-    return "p10-p90" if n >= 10 else "min-max"
+    """What summary()'s p10-p90 of n samples is: "min-max" where both are the extremes (n <= 5),
+    else "p10-p90"."""
+    return "min-max" if _rank(0.1, n) == 0 and _rank(0.9, n) == n - 1 else "p10-p90"
 
 
 class Clock:

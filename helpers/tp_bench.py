@@ -111,7 +111,7 @@ def assert_added(added_s, links_s, K, tolerance_s):
 
 
 def span(summary, scale=1e3, digits=1):
-    """A timing.summary's p10-p90 (min-max below 10 samples) as text, e.g. "1.2 to 3.4" ms."""
+    """A timing.summary's p10-p90 (min-max up to 5 samples) as text, e.g. "1.2 to 3.4" ms."""
     return f"{scale * summary['p10']:.{digits}f} to {scale * summary['p90']:.{digits}f}"
 
 

@@ -355,3 +355,15 @@ def test_patched_replaces_for_the_block_and_restores_even_after_an_error():
     with pytest.raises(ValueError), patched(box, f=10, g=20):
         raise ValueError
     assert (box.f, box.g) == (1, 2)
+
+
+def test_the_spread_label_says_what_summary_picked():
+    """"min-max" exactly where summary's p10 and p90 are the extremes (up to 5 samples); the old
+    rule, "min-max below 10", mislabelled 6 to 9 samples, whose p10 is the second smallest."""
+    from helpers import timing
+
+    for n in range(1, 31):
+        s = timing.summary([float(i) for i in range(n)])
+        extremes = s["p10"] == 0 and s["p90"] == n - 1
+        assert (timing.spread_label(n) == "min-max") == extremes, n
+    assert timing.spread_label(5) == "min-max" and timing.spread_label(7) == "p10-p90"

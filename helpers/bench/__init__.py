@@ -13,7 +13,7 @@ The default measurement is nccl-tests' (method="nccl-tests"; its letters on the 
 - the ranks' times combined as -a says (0 rank 0, 1 the mean, its default, 2 min, 3 max);
 - -N cycles of that, here in rounds: each round measures every size once, in a freshly shuffled order
   (the same on every rank), so a change in the machine's load falls on all sizes alike; the median
-  over the rounds is reported, with their 10th and 90th percentiles as the spread (min-max below 10
+  over the rounds is reported, with their 10th and 90th percentiles as the spread (min-max up to 5
   rounds). (nccl-tests runs its cycles size after size and prints each; lecture 03 lists every
   departure of this harness from nccl-tests.)
 - algbw = size / time (GB = 1e9 bytes), busbw = algbw x nccl-tests' factor (helpers.cost);

@@ -46,7 +46,7 @@ def table(rows, spread=True):
                   f"after one barrier, time = loop / {r0['iters']}, ranks' {r0['ranks']} (-a)"
                   + (f"; median of {rounds} rounds" if rounds > 1 else ""))
         several = spread and len(r0["times_us"]) > 1   # one round has no spread to print
-        label = f"{spread_label(len(r0['times_us']))}(us)"   # below 10 rounds, p10-p90 is min-max
+        label = f"{spread_label(len(r0['times_us']))}(us)"   # up to 5 rounds, p10-p90 is min-max
         cols = ["size", "count", "type", "redop", "root", "time(us)"] + \
             ([label] if several else []) + ["algbw(GB/s)", "busbw(GB/s)", "#wrong"]
         shown = [{"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"],
