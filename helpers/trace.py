@@ -92,7 +92,8 @@ class Call:
     def ring_sent(self):
         """Bytes this rank sends for the call in the ring model of lecture 02, in whole bytes:
         2(K-1)/K N for an all-reduce, (K-1)/K N for an all-gather, a reduce-scatter or an
-        all-to-all, N for a broadcast or a reduce (a ring passes the whole array on), a send's own
+        all-to-all, N for a broadcast or a reduce (what the chain's busiest rank sends, nccl-tests'
+        bus factor 1; its end rank sends nothing, so the ranks' mean is (K-1)/K N), a send's own
         bytes; 0 for a receive, a barrier, a group of one rank, and a gather or a scatter (whose
         traffic depends on the rank's place with respect to the root: not modelled here)."""
         k = self.size
