@@ -45,13 +45,14 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
     m, first, last = len(xs), rank == 0, rank == p - 1
     params = {q.data_ptr() for q in stage.parameters()}
     held, saved, grads, pending, in_flight = {}, {}, {}, [], []
-    clock, peak, peak_bytes, loss = timing.Clock(xs[0].device), 0, 0, 0.0
+    clock, marks, loss = timing.Clock(xs[0].device), [], 0.0
     def exchange(recv=None):    # the pending sends and this receive, as one group
         ops = pending + ([recv] if recv is not None else [])
         works = dist.batch_isend_irecv(ops) if ops else []
         if recv is not None:    # gloo: the receive's own work; NCCL: the group's one
             works.pop().wait()
-        in_flight.append((works, [op.tensor for op in pending]))   # alive to the end
+        sent = in_flight + [(works, [op.tensor for op in pending])]   # kept till done
+        in_flight[:] = [f for f in sent if not all(w.is_completed() for w in f[0])]
         pending.clear()
 
     clock.now("step start")
@@ -70,8 +71,7 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
                 if last:
                     out = tiny.loss(out, ys[i]) / m     # this micro-batch's share
             held[i], saved[i] = (inp, out), sum(sizes.values())
-            peak = max(peak, len(held))
-            peak_bytes = max(peak_bytes, sum(saved.values()))
+            marks.append((len(held), sum(saved.values())))     # held at once
             if last:
                 loss = loss + out.detach()
             else:
@@ -96,7 +96,7 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
     [w.wait() for works, _ in in_flight for w in works]
     t = clock.read()                    # seconds since "step start"
     timeline = [(k, i, t[n, "start"], t[n, "end"]) for n, (k, i) in enumerate(actions)]
-    return timeline, peak, peak_bytes, float(loss)
+    return timeline, *map(max, zip(*marks)), float(loss)    # the peaks
 
 def simulate(schedule, p, m, time=None, hop=0.0):
     """[(stage, kind, i, start, end)]: each stage runs its actions in order, each as
