@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course.cuda_streams import assert_overlaps, overlapped_step, sequential_step
-from helpers import cost, machine, shape, streams_bench
+from course.cuda_streams import (assert_hides_the_shorter, assert_overlaps, overlapped_step,
+                                 sequential_step)
+from helpers import archive, cost, machine, shape, streams_bench
 from helpers.spawn import spawn
 
 GBPS, NBYTES = 0.05, 2 * 2**20    # the lecture's 2 MiB at 0.05 GB/s: 42 ms on 2 ranks
@@ -85,3 +86,18 @@ def test_the_lecture_has_the_shape():
     assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
     assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
     assert got["wordy prints"] == 0 and got["chosen texts"] == 0
+
+
+def test_the_kept_hosts_hide_the_shorter_piece_and_shared_cores_do_not():
+    """The optional section's claim on the kept runs (16 cores, 2 ranks); its control, rows as this
+    2-core machine gives them (cores shared: overlap near 0 at every ratio), must fail it."""
+    kept = [r["measurements"]["cpu_cores"] for r in archive.runs("04_cuda_streams")
+            if r["measurements"].get("cpu_cores") and r["machine"]["cores"] >= 4]
+    assert len(kept) >= 2
+    for rows in kept:
+        assert_hides_the_shorter(rows)
+    shared = [{"ratio": r, "measured ratio": m, "overlap": o}   # a full-size run here, 2 cores
+              for r, m, o in ((0.25, 0.26, -0.02), (0.5, 0.52, -0.06), (1.0, 1.01, 0.04),
+                              (2.0, 1.87, 0.09))]
+    with pytest.raises(AssertionError):
+        assert_hides_the_shorter(shared)

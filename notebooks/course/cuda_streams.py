@@ -26,3 +26,9 @@ def assert_overlaps(rows, atol_ms=5.0):
             f"ratio {row['ratio']:g}: overlapped {row['overlapped ms']:.1f} ms, "
             f"{off:+.1f} ms off max(comm, compute) = {ideal:.1f} ms")
     return True
+
+def assert_hides_the_shorter(rows, atol=0.1):
+    """Cores to spare: each row's overlap is min(1, measured ratio) within atol."""
+    for row in rows:
+        want = min(1.0, row["measured ratio"])
+        assert abs(row["overlap"] - want) <= atol, (row["ratio"], row["overlap"], want)
