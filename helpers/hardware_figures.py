@@ -163,9 +163,10 @@ def plot_link(rows, fit, peak, links, bound_gbps=None, kept=()):
 
 def plot_gpu_copies(runs, peak):
     """Section 7's figure, one row per run (dicts as kept_run's "gpu"): host to device (pageable,
-    pinned) beside the PCIe peaks and that run's own host DRAM copy; device to device beside the
-    GPU's HBM peak and its L2. Each copy with its spread where the run has one, and the rate it
-    would show if it took as long as its smallest copy (the launch floor's bound)."""
+    pinned) beside the PCIe peaks and what one core of that run's host stages (C/2, as n/t);
+    device to device beside the GPU's HBM peak and its L2. Each copy with its spread where the
+    run has one, and the rate it would show if it took as long as its smallest copy (the launch
+    floor's bound)."""
     import textwrap
 
     import matplotlib.pyplot as plt
@@ -190,8 +191,8 @@ def plot_gpu_copies(runs, peak):
             ax.plot(ns, [GPU_COPIES[copy] * n / t0 / 1e9 for n in ns], ":", color=color, lw=1,
                     label=f"{copy} at {t0 * 1e6:.1f} us per copy (its smallest): the floor")
             tops[ax].append(max(max(v for v in r[copy] if v is not None) for r in rows))
-        ax_h.axhline(run["host_gbps"], color=plots.COLORS[2], ls="-.",
-                     label=f"that host's one-core DRAM copy C: {run['host_gbps']:.1f} GB/s")
+        ax_h.axhline(run["host_gbps"] / 2, color=plots.COLORS[2], ls="-.",
+                     label=f"C/2 = {run['host_gbps'] / 2:.1f} GB/s: one host core's staging copy")
         for what, ls in (("PCIe 4.0 x16", ":"), ("PCIe 5.0 x16", "--")):
             ax_h.axhline(peak[what], color=plots.REFERENCE, ls=ls,
                          label=f"{what}: {peak[what]:.1f} GB/s each way (published)")
