@@ -44,18 +44,20 @@ class _PacedWork:
 def paced_all_reduce(gbps, spans=None):
     """Inside: dist.all_reduce takes at least a ring's time on links of `gbps` GB/s from its call,
     2(K-1)/K x bytes / gbps (cost.ring_all_reduce), on a clock that needs no core: its work's
-    wait() returns once the real all-reduce is done and that time has passed. The caller is free
-    until then, as it would be with a GPU's link. Sleeps on the host: gloo only. `spans`: a list
-    that gets ("all-reduce", start, end) per call, host clock."""
-    real = dist.all_reduce
+    wait() returns once the real all-reduce is done and that time has passed. The link carries one
+    all-reduce at a time: a call made while an earlier one is on it starts when that one is
+    through (two halves of a tensor take the whole one's time). The caller is free until then, as
+    it would be with a GPU's link. Sleeps on the host: gloo only. `spans`: a list that gets
+    ("all-reduce", start, end) per call, host clock."""
+    real, free = dist.all_reduce, [0.0]     # free: when the link is through with its last call
     if dist.get_backend() != "gloo":
         raise RuntimeError("the paced all-reduce sleeps on the host: run it on gloo")
 
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
         k = dist.get_world_size(group)
         nbytes = tensor.numel() * tensor.element_size()
-        start = time.perf_counter()
-        due = start + cost.ring_all_reduce(nbytes, k, gbps * 1e9)
+        start = max(time.perf_counter(), free[0])          # when the link takes it
+        due = free[0] = start + cost.ring_all_reduce(nbytes, k, gbps * 1e9)
         work = _PacedWork(real(tensor, op=op, group=group, async_op=True), start, due, spans)
         return work if async_op else work.wait()
 

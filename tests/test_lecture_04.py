@@ -70,6 +70,22 @@ def test_the_paced_all_reduce_sums_and_takes_the_ring_time():
             assert model - 1e-9 <= end - start < model + 0.05
 
 
+def _halves(rank, world_size):
+    x, spans = torch.ones(NBYTES // 4), []
+    with streams_bench.paced_all_reduce(GBPS, spans):
+        works = [dist.all_reduce(half, async_op=True) for half in x.chunk(2)]
+        [w.wait() for w in works]
+    return spans
+
+
+def test_the_paced_link_carries_one_all_reduce_at_a_time():
+    """Two halves launched at once take the whole tensor's time, one after the other (a link that
+    gave each call its own deadline would finish both in half of it)."""
+    half = cost.ring_all_reduce(NBYTES // 2, 2, GBPS * 1e9)
+    for (_, s0, e0), (_, s1, e1) in spawn(_halves, 2, backend="gloo"):
+        assert s1 >= s0 + half - 1e-9 and e1 - s0 >= 2 * half - 1e-9, (s0, e0, s1, e1)
+
+
 def test_the_cpu_share_is_taken_around_the_collective_only():
     """Per rank, the share of a core its process used during its all-reduce: at most the cores
     each rank has (one on 2 cores; its threads, gloo's among them, can use more where there are
