@@ -96,3 +96,22 @@ def aux_loss(probs, top, experts):
     """Switch's load-balancing loss E sum_e f_e P_e over one group of tokens."""
     f = torch.bincount(top[:, 0], minlength=experts).to(probs.dtype) / len(top)
     return experts * (f * probs.mean(0)).sum()
+
+def balanced_top(probs, bias, k):
+    """DeepSeek-V3's auxiliary-loss-free routing: the bias moves the choice of the k
+    experts; the gates are the probabilities', renormalised over the chosen."""
+    top = (probs + bias).topk(k, dim=-1).indices
+    gates = probs.gather(1, top)
+    return top, gates / gates.sum(-1, keepdim=True)
+
+
+def balance(probs, k, gamma, updates):
+    """`updates` bias updates of speed gamma on one batch's probabilities: the busiest
+    expert's load over the mean before each."""
+    bias, ratio = torch.zeros(probs.shape[1], dtype=probs.dtype), []
+    for _ in range(updates):
+        top, _ = balanced_top(probs, bias, k)
+        load = torch.bincount(top.reshape(-1), minlength=len(bias)).to(probs.dtype)
+        ratio.append((load.max() / load.mean()).item())      # busiest / share
+        bias += gamma * torch.sign(load.mean() - load)       # towards the mean load
+    return ratio
