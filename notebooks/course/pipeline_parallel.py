@@ -113,17 +113,19 @@ def simulate(schedule, p, m, time=None, hop=0.0):
             while queues[s]:
                 kind, i, c = (queues[s][0] + (0,))[:3]
                 k = c * p + s                                      # virtual stage
+                own = kind == "W" or kind == "B" and k == v * p - 1    # needs its own
                 need = (("F", k - 1, i) if kind == "F" and k > 0 else
-                        ("B", k + 1, i) if kind == "B" and k < v * p - 1 else None)
+                        ("B", k + 1, i) if kind == "B" and not own else
+                        ("F" if kind == "B" else "B", k, i) if own else None)
                 if need is not None and need not in done:
                     break
-                start = max(free[s], done[need] + hop if need else 0.0)
+                start = max(free[s], done[need] + (0 if own else hop) if need else 0.0)
                 free[s] = done[kind, k, i] = start + time(s, kind)
                 events.append((s, kind, i, start, free[s]))
                 queues[s].pop(0)
                 progressed = True
         if not progressed:
-            raise RuntimeError("the schedule deadlocks: every stage waits for another")
+            raise RuntimeError("the schedule deadlocks: each stage waits on an action")
     return events
 
 
