@@ -81,7 +81,7 @@ def gpu_case(fn, *args):
     return out, value
 
 
-def span_overlap(r):
+def concurrency(r):
     """Within one repetition (gpu_case's dict): the time the copy and the matmul ran at once,
     from their events, over the shorter of the two; None when one of them is missing."""
     if "copy" not in r or "matmul" not in r:
@@ -93,7 +93,7 @@ def span_overlap(r):
 def gpu_run(cases, n, copy_numel, repeats):
     """cases: {name: fn(dst, host, a, b) -> the product or None}. Each case runs from pageable and
     from pinned memory, warm-up then `repeats` times; the median repetition by total is kept, with
-    the spread over the repetitions ("spread": {"total"/"overlap": [p10, p90]}, nearest rank).
+    the spread over the repetitions ("spread": {"total"/"concurrency": [p10, p90]}, nearest rank).
     Every copy and product is checked. Returns {"memory / case": gpu_case's dict}."""
     dev = torch.device("cuda")
     a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
@@ -115,8 +115,8 @@ def gpu_run(cases, n, copy_numel, repeats):
                 runs += [out] if i else []
             kept = dict(sorted(runs, key=lambda r: r["total"])[repeats // 2])
             spread = {"total": [r["total"] for r in runs]}
-            if span_overlap(runs[0]) is not None:
-                spread["overlap"] = [span_overlap(r) for r in runs]
+            if concurrency(runs[0]) is not None:
+                spread["concurrency"] = [concurrency(r) for r in runs]
             kept["spread"] = {k: [timing.summary(v)["p10"], timing.summary(v)["p90"]]
                               for k, v in spread.items()}
             results[f"{memory} / {name}"] = kept
@@ -125,7 +125,7 @@ def gpu_run(cases, n, copy_numel, repeats):
 
 def stream_rows(res):
     """Per memory kind and launch order: the times (ms) of the median repetitions, the ideal
-    max(copy, matmul), and the overlap read from the two-stream run's events (span_overlap)."""
+    max(copy, matmul), and the concurrency read from the two-stream run's events."""
     rows = []
     for memory in ("pageable", "pinned"):
         r = lambda how: res[f"{memory} / {how}"]  # noqa: E731
@@ -134,10 +134,11 @@ def stream_rows(res):
             two = r(how)
             row = {"memory": memory, "first": first, "copy ms": copy_ms, "matmul ms": mm_ms,
                    "sequential ms": r("sequential")["total"], "two streams ms": two["total"],
-                   "ideal ms": max(copy_ms, mm_ms), "overlap": span_overlap(two),
+                   "ideal ms": max(copy_ms, mm_ms), "concurrency": concurrency(two),
                    "copy call returns ms": two["host_copy_call"],
                    "copy ends ms": two["copy"][1], "matmul starts ms": two["matmul"][0]}
-            for key, (p10, p90) in two.get("spread", {}).items():
+            for key, (p10, p90) in two.get("spread", {}).items():   # runs kept before
+                key = "concurrency" if key == "overlap" else key     # 2026-11-28 say overlap
                 row[f"{key} p10-p90"] = f"{p10:.2f}-{p90:.2f}"
             rows.append(row)
     return rows
@@ -150,7 +151,7 @@ def show_stream_run(res, title):
     rows = stream_rows(res)
     print(title)
     first = ["memory", "first", "copy ms", "matmul ms", "sequential ms", "two streams ms",
-             "ideal ms", "overlap"]
+             "ideal ms", "concurrency"]
     report.table(rows, first, floatfmt="{:.2f}")
     report.table(rows, ["memory", "first"] + [c for c in rows[0] if c not in first],
                  floatfmt="{:.2f}")
