@@ -212,7 +212,7 @@ def plot_gpu_copies(runs, peak):
                                          else NullFormatter())
             plots.log2_size_axis(ax, ns)
             ax.set_xlabel("bytes copied n")
-            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncols=2)
         ax_h.set_ylabel("GB/s (n / t)")
         ax_d.set_ylabel("GB/s (2n / t, read + written)")
         label = textwrap.fill(run["label"], 75)

@@ -137,8 +137,8 @@ def stream_rows(res):
                    "ideal ms": max(copy_ms, mm_ms), "concurrency": concurrency(two),
                    "copy call returns ms": two["host_copy_call"],
                    "copy ends ms": two["copy"][1], "matmul starts ms": two["matmul"][0]}
-            for key, (p10, p90) in two.get("spread", {}).items():   # runs kept before
-                key = "concurrency" if key == "overlap" else key     # 2026-11-28 say overlap
+            for key, (p10, p90) in two.get("spread", {}).items():
+                key = "concurrency" if key == "overlap" else key     # its name in older runs
                 row[f"{key} p10-p90"] = f"{p10:.2f}-{p90:.2f}"
             rows.append(row)
     return rows

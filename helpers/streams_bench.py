@@ -205,3 +205,10 @@ def cpu_shares(runs):
                    f"{s['p10']:.0%}-{s['p90']:.0%}, {s['n']} calls)")
         medians.append(s["median"])
     return out, medians
+
+
+def spare_core_runs(runs):
+    """[(run, its optional-section rows)] of the kept runs (archive.runs) whose host had cores to
+    spare: at least two a rank (a matmul thread and gloo's work)."""
+    return [(r, r["measurements"]["cpu_cores"]) for r in runs if r["measurements"].get("cpu_cores")
+            and r["machine"]["cores"] >= 2 * r["measurements"]["world_size"]]
