@@ -84,7 +84,8 @@ def test_the_simulator_meets_the_formulas():
 def test_the_simulator_refuses_a_stage_that_runs_a_backward_before_its_forward():
     """A student's misordered schedule (the last stage's B of a micro-batch before its F; a W
     before its B) is a deadlock the simulator names, not a timeline the engine then fails on;
-    the same actions in order simulate, with the last stage's B right after its F (no hop)."""
+    the same actions in order simulate, with the last stage's B right after its F (no hop; the
+    old simulator met that too: not a control)."""
     def b_first(p, m, stage):
         acts = one_f_one_b(p, m, stage)
         return [acts[1], acts[0], *acts[2:]] if stage == p - 1 else acts
@@ -96,7 +97,7 @@ def test_the_simulator_refuses_a_stage_that_runs_a_backward_before_its_forward()
     for schedule in (b_first, w_first):
         with pytest.raises(RuntimeError, match="deadlocks"):
             simulate(schedule, 2, 2)
-    ev = simulate(one_f_one_b, 2, 1, hop=0.5)               # F0 F1 | B1 B0 on 2 stages
+    ev = simulate(one_f_one_b, 2, 1, hop=0.5)     # m = 1: the last stage's B right after its F
     last_f, last_b = (next(e for e in ev if e[:2] == (1, k)) for k in "FB")
     assert last_b[3] == last_f[4]
 

@@ -51,7 +51,7 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
         works = dist.batch_isend_irecv(ops) if ops else []
         if recv is not None:    # gloo: the receive's own work; NCCL: the group's one
             works.pop().wait()
-        sent = in_flight + [(works, [op.tensor for op in pending])]   # kept till done
+        sent = in_flight + [(works, [op.tensor for op in pending])]   # NCCL, waited: []
         in_flight[:] = [f for f in sent if not all(w.is_completed() for w in f[0])]
         pending.clear()
 
