@@ -142,15 +142,16 @@ def test_the_lecture_has_the_shape():
 def test_the_bias_evens_the_load_and_moves_no_gate_and_no_update_leaves_it():
     """Section 4's DeepSeek-V3 balancing: the busiest expert's load over the mean falls over 40
     updates at the lecture's sizes (K = 2 to 4, SMOKE's 16 tokens a rank too); the gates stay the
-    probabilities' of the chosen experts; with gamma 0 (the control) the claim fails."""
+    probabilities' of the chosen experts; the control, the bias moved the wrong way (towards
+    the busy experts), must fail the claim."""
     for k_ranks in (2, 3, 4):
         for n in (16, 64):
             x, _ = tiny.batch(k_ranks * n, 32, seed=1)
             probs = torch.softmax(make_router(32, 2 * k_ranks)(x), -1).detach()
             ratio = balance(probs, 2, gamma=1e-3, updates=40)
             assert ratio[-1] < ratio[0], (k_ranks, n, ratio)
-            still = balance(probs, 2, gamma=0.0, updates=40)
-            assert not still[-1] < still[0]
+            wrong = balance(probs, 2, gamma=-1e-3, updates=40)
+            assert not wrong[-1] < wrong[0], (k_ranks, n, wrong)
     bias = torch.tensor([0.0, 0.0, 1.0, 0.0])                 # expert 2 always chosen
     probs = torch.tensor([[0.4, 0.3, 0.1, 0.2]], dtype=torch.float64)
     top, gates = balanced_top(probs, bias, 2)

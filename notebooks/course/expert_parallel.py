@@ -107,9 +107,9 @@ def balanced_top(probs, bias, k):
 
 def balance(probs, k, gamma, updates):
     """`updates` bias updates of speed gamma on one batch's probabilities: the busiest
-    expert's load over the mean before each."""
+    expert's load over the mean before the first and after each."""
     bias, ratio = torch.zeros(probs.shape[1], dtype=probs.dtype), []
-    for _ in range(updates):
+    for _ in range(updates + 1):
         top, _ = balanced_top(probs, bias, k)
         load = torch.bincount(top.reshape(-1), minlength=len(bias)).to(probs.dtype)
         ratio.append((load.max() / load.mean()).item())      # busiest / share
