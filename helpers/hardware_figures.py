@@ -192,7 +192,7 @@ def plot_gpu_copies(runs, peak):
                     label=f"{copy} at {t0 * 1e6:.1f} us per copy (its smallest): the floor")
             tops[ax].append(max(max(v for v in r[copy] if v is not None) for r in rows))
         ax_h.axhline(run["host_gbps"] / 2, color=plots.COLORS[2], ls="-.",
-                     label=f"C/2 = {run['host_gbps'] / 2:.1f} GB/s: one host core's staging copy")
+                     label=f"C/2 = {run['host_gbps'] / 2:.1f} GB/s: if one host core staged it")
         for what, ls in (("PCIe 4.0 x16", ":"), ("PCIe 5.0 x16", "--")):
             ax_h.axhline(peak[what], color=plots.REFERENCE, ls=ls,
                          label=f"{what}: {peak[what]:.1f} GB/s each way (published)")
