@@ -4,7 +4,7 @@ the lecture asserts 25 % (its full run; SMOKE's one round on 4 ranks: 35 %) on a
 
     .venv/bin/python bench/planner.py [--world-size 4 8] [--rounds 3] [--steps 5] [--dim 64 --seq 32 --batch 16]
 
-It measures as lecture 14's section 4 does, with the same functions: helpers.planner_machine.measure
+It measures as lecture 14's section 4 does, with the same functions: machinery.l14_planner.measured.measure
 (per rank count K one launch: in each round this machine's figures, then nd3d.train for every
 (dp, tp, pp) of K ranks, each run checked against the single process) and planner_machine.summary
 (predicted against measured per layout, the median |error| over all, and the median of each round
@@ -12,7 +12,7 @@ alone: the spread). The figures: compute t = c0 + F/R of one rank alone; the slo
 computing at once (n = 1, 2, 4, ..., K); alpha and B of a ring step and of a message (nccl-tests'
 sweeps); the data-parallel all-reduce's wait when it follows compute, per group size. The defaults are
 the lecture's parameters. It prints the load average: other work on the machine shows in the
-slowdown. It asserts no timing. Then the paper check of section 5 (helpers.paper): the planner's
+slowdown. It asserts no timing. Then the paper check of section 5 (machinery.l14_planner.paper): the planner's
 median |error| against Narayanan et al. 2021's Table 1 with its efficiency fitted on one row, beside
 a constant's and the trend's.
 """
@@ -38,7 +38,8 @@ def main():
     args = ap.parse_args()
     sys.path[:0] = [ROOT, os.path.join(ROOT, "notebooks")]
     import nd3d
-    from helpers import bench, machine as host, planner_machine, report
+    from helpers import bench, machine as host, report
+    from machinery.l14_planner import measured as planner_machine
 
     cfg = dict(nd3d.CFG, dim=args.dim, seq=args.seq, batch=args.batch)
     sizes = bench.size_range("4K", "4M", 4)           # the messages of these runs
@@ -62,7 +63,7 @@ def main():
     old = planner_machine.rescore(rows, {k: planner_machine.old_price(m) for k, m in machines.items()},
                                   cfg, args.micro_batches)
     print(f"the same steps at the old price (every slot's compute at all K ranks' speed, no wait): {old:.1%}")
-    from helpers import paper
+    from machinery.l14_planner import paper
     rows = paper.compare()
     skill = paper.skill(rows)
     print(f"paper, Table 1, efficiency {rows[0]['efficiency']:.3f} fitted on {rows[paper.FIT_ROW]['model']}: "

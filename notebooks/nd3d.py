@@ -1,7 +1,7 @@
 """3D parallelism, data x tensor x pipeline, on the series' tiny GPT, from the lectures' own pieces.
 
     res = spawn(nd3d.train, 8, args=(2, 2, 2, nd3d.CFG, 3, 2))   # dp, tp, pp, cfg, steps, micro-batches
-    nd3d.check(res, nd3d.CFG, 3)          # equal to the single process (helpers/nd3d_check.py), float64
+    nd3d.check(res, nd3d.CFG, 3)          # equal to the single process (notebooks/machinery/l13_nd3d_check.py), float64
 
 The ranks form a (pp, dp, tp) DeviceMesh: tp varies fastest, so a tensor-parallel group is ranks that
 sit next to each other (on one node, on NVLink), and pp varies slowest (across nodes). Per step:
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from helpers import timing, tiny
-from helpers.nd3d_check import check  # the lecture and the tests call it as nd3d.check
+from machinery.l13_nd3d_check import check  # the lecture and the tests call it as nd3d.check
 from helpers.spawn import device, resolve_backend, spawn
 
 CFG = dict(vocab=64, dim=32, heads=4, depth=4, seq=16, batch=8, lr=0.1)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import images
+from helpers.site import images
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -182,7 +182,7 @@ def test_one_cell_draws_the_key_figure_and_has_a_caption(path):
 def test_images_are_the_key_figures_of_one_run_and_the_readme_shows_them():
     """images/ is written by `make images`, never by hand: one small PNG per lecture, figures.json names the
     machine and the date of each, the captions are the lectures' own, and the README's block is the one
-    helpers.images writes from figures.json."""
+    helpers.site.images writes from figures.json."""
     figures = images.kept()
     assert list(figures) == [p.stem for p in NOTEBOOKS], "images/figures.json has one entry per lecture, in order"
     for path in NOTEBOOKS:

@@ -1,11 +1,12 @@
-"""Tests of helpers/fake_mesh.py: one training step of a 1,024-rank layout (h = 4096, 32 heads) counted
+"""Tests of notebooks/machinery/l14_planner/fake_mesh.py: one training step of a 1,024-rank layout (h = 4096, 32 heads) counted
 on torch's fake process group, per mesh dimension, against (1) a model of what torch's wrappers issue,
 written here by hand, exact; (2) the planner's communication terms (planner.traffic), exact where
 they agree and with every difference named and sized. Negative controls: a counter that loses a
 dimension, and a layout off by one factor, fail the comparison. Two counts, a few seconds each."""
 import pytest
 
-from helpers import fake_mesh, planner
+from machinery.l14_planner import fake_mesh
+from machinery import l14_planner as planner
 
 H, HEADS, LAYERS, SEQ = 4096, 32, 2, 32
 MODEL = fake_mesh.stack_model(LAYERS, H, HEADS, SEQ)   # 4 linear h x h, h x 4h twice; 2 LayerNorms

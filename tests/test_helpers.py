@@ -206,7 +206,7 @@ def test_every_kept_run_names_its_machine_its_day_and_a_lecture_that_plots_it():
 def test_the_site_hands_save_to_only_to_lectures_that_have_the_knob():
     from pathlib import Path
 
-    from helpers import site
+    from helpers.site import build as site
 
     notebooks = Path(archive.DATA).parent / "notebooks"
     assert "SAVE_TO" in site.knobs(notebooks / "00_hardware.ipynb")
@@ -248,11 +248,11 @@ def test_the_tiny_transformer_is_seeded_causal_and_learnable_data_is_determinist
 
 
 def test_the_site_builds_from_executed_notebooks_with_maths_as_mathml(tmp_path):
-    """helpers.site.write_site without a browser (tests/test_site.py opens the real one in Chromium)."""
+    """helpers.site.build.write_site without a browser (tests/test_site.py opens the real one in Chromium)."""
     import nbformat
 
-    from helpers import site
-    from helpers.book.mathml import tex_to_mathml
+    from helpers.site import build as site
+    from helpers.site.book.mathml import tex_to_mathml
 
     assert tex_to_mathml(r"\frac{N}{B}").startswith("<math") and 'display="block"' in tex_to_mathml("x", True)
     assert "<mover" in tex_to_mathml(r"a \xrightarrow{K} b")  # drawn as \overset, which Chromium places right
@@ -301,7 +301,7 @@ def test_a_progress_line_is_saved_as_one_line_in_its_last_state(tmp_path):
 
 class _LostWakeUp:
     """A shell socket whose message is there, but the first poll's wake-up was lost (the stall of
-    helpers/headless.py): that poll only ends at its timeout; a new poll reads the events and finds it."""
+    helpers/site/headless.py): that poll only ends at its timeout; a new poll reads the events and finds it."""
 
     def __init__(self):
         self.polls = 0
@@ -333,7 +333,7 @@ def test_a_lost_wake_up_costs_the_client_half_a_second_not_the_cell_timeout():
     import asyncio
     from queue import Empty
 
-    from helpers import headless
+    from helpers.site import headless
 
     headless._patch_client()
     t0 = time.monotonic()

@@ -1,6 +1,6 @@
 """Lecture 01 (notebooks/01_collectives.ipynb): its key measured claim with negative controls, the
 check that left the lecture (every collective on K ranks, roots moved, inputs left alone), and unit tests of the
-machinery it moved out (helpers.diagrams, helpers.probes).
+machinery it moved out (machinery.l01_diagrams, machinery.l01_probes).
 
 The claim: no rank leaves a barrier before the last one has arrived, on one clock, with no slack
 (course.collectives.assert_barrier_held, shown in the lecture). Rank r works r/2 s first, so a
@@ -17,7 +17,8 @@ import torch.distributed as dist
 matplotlib.use("Agg")
 
 from course.collectives import assert_barrier_held, barrier_timeline  # noqa: E402
-from helpers import diagrams, plots, probes  # noqa: E402
+from helpers import plots  # noqa: E402
+from machinery import l01_diagrams as diagrams, l01_probes as probes
 from helpers.spawn import spawn  # noqa: E402
 
 
@@ -109,7 +110,7 @@ def test_every_collective_matches_one_process_exactly_with_roots_moved(k):
             assert (g is None and w is None) or torch.equal(g, w), (name, r, g, w)
 
 
-# --------------------------------------------------------------------------- helpers.diagrams
+# --------------------------------------------------------------------------- machinery.l01_diagrams
 
 def test_cells_and_colours_follow_the_data():
     assert diagrams.cells(None) == []
@@ -142,7 +143,7 @@ def test_the_figure_draws_one_box_per_element_and_hatches_the_undefined():
     matplotlib.pyplot.close("all")
 
 
-# ----------------------------------------------------------------------------- helpers.probes
+# ----------------------------------------------------------------------------- machinery.l01_probes
 
 def test_the_reference_of_every_operation():
     ints = torch.tensor([[1, 6], [3, 4]])

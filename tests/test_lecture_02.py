@@ -34,7 +34,8 @@ import torch.distributed as dist
 from course import ring_math
 from course.ring_math import (assert_near_model, exchange, ring_all_gather, ring_all_reduce,
                               ring_broadcast, ring_reduce_scatter)
-from helpers import bench, cost, shape, standins, trace
+from helpers import bench, cost, standins, trace
+from helpers.site import shape
 from helpers.spawn import spawn
 
 GBPS = 0.02          # the paced link: 256 KiB take 13 ms

@@ -1,5 +1,5 @@
 """Lecture 04 (CUDA streams and overlap): its shape, its key measured claim with a negative control,
-and the machinery it moved to helpers/streams_bench.py.
+and the machinery it moved to notebooks/machinery/l04_cuda_streams.py.
 
 The claim (notebooks/04_cuda_streams.ipynb, section 4): an all-reduce on a paced link (a ring's
 time on links of B GB/s, on a clock that takes no core) beside device-like compute (time that
@@ -18,7 +18,9 @@ import torch.distributed as dist
 
 from course.cuda_streams import (assert_hides_the_shorter, assert_overlaps, overlapped_step,
                                  sequential_step)
-from helpers import archive, cost, machine, shape, streams_bench
+from helpers import archive, cost, machine
+from helpers.site import shape
+from machinery import l04_cuda_streams as streams_bench
 from helpers.spawn import spawn
 
 GBPS, NBYTES = 0.05, 2 * 2**20    # the lecture's 2 MiB at 0.05 GB/s: 42 ms on 2 ranks

@@ -2,7 +2,7 @@
 moved out of the notebook (torch DDP's no_sync, the optional section's knobs).
 
 The claim (notebooks/05_ddp.ipynb, section 5): with device-like blocks (standins.DeviceLike) and
-the paced all-reduce (helpers.ddp_bench), a BucketedDDP step takes the step without communication
+the paced all-reduce (machinery.l05_ddp), a BucketedDDP step takes the step without communication
 plus the communication left after backward (`exposed_comm` of the buckets' ready times and link
 times, computed from the stand-ins' settings), within the lecture's 12 ms (what the model
 leaves out; `assert_near_overlap_model`). Two negative controls must fail it:
@@ -28,7 +28,9 @@ from torch.utils.data import DistributedSampler
 
 from course.ddp import (BucketedDDP, assert_near_overlap_model, average_gradients_naive,
                         exposed_comm, sgd_update)
-from helpers import ddp_bench, shape, standins, tiny, trace
+from helpers import standins, tiny, trace
+from machinery import l05_ddp as ddp_bench
+from helpers.site import shape
 from helpers.spawn import device, spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "05_ddp.ipynb"

@@ -19,7 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 from course.zero import ShardedUnit, assert_prefetch_model, prefetch_forward
-from helpers import shape, standins, tiny, zero_bench
+from helpers import standins, tiny
+from helpers.site import shape
+from machinery import l06_zero as zero_bench
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "06_zero.ipynb"

@@ -26,7 +26,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course.tensor_parallel import (ParallelBlock, assert_traffic, f, megatron_traffic)
-from helpers import shape, standins, tiny, tp_bench, trace
+from helpers import standins, tiny, trace
+from helpers.site import shape
+from machinery import l07_tensor_parallel as tp_bench
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "07_tensor_parallel.ipynb"

@@ -2,7 +2,7 @@
 and the simulator's formulas.
 
 The claim (notebooks/08_pipeline_parallel.ipynb, section 4): on device-like stages
-(helpers.pp_bench, standins.device_compute), a measured step is the simulator's step fed the
+(machinery.l08_pipeline_parallel, standins.device_compute), a measured step is the simulator's step fed the
 measured mean action times per stage and the hop latency measured apart, within 15%
 (`assert_step_predicted`). The negative control: a pipeline run one micro-batch at a time (each
 through every stage, forward and back, before the next starts: p m (t_f + t_b)) measured against
@@ -24,7 +24,9 @@ import torch
 from course.pipeline_parallel import (assert_step_predicted, bubble, gpipe, one_f_one_b,
                                       predicted_step, run_schedule, simulate, stage_module,
                                       step_time, zb_h1)
-from helpers import pp_bench, shape, tiny
+from helpers import tiny
+from machinery import l08_pipeline_parallel as pp_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "08_pipeline_parallel.ipynb"

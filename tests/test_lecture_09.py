@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from course.profiling_debugging import RANGES, train_step
-from helpers import debug_bench, profile_bench, shape, watch_bench
+from machinery import l09_debug as debug_bench, l09_profile as profile_bench, l09_watch as watch_bench
+from helpers.site import shape
 from helpers.spawn import SpawnTimeout, spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "09_profiling_debugging.ipynb"

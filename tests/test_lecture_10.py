@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from course.memory_precision import SavedBytes, block_bytes
-from helpers import memory_bench, precision_bench, tiny
+from helpers import tiny
+from machinery import l10_memory as memory_bench, l10_precision as precision_bench
 from helpers.spawn import spawn
 
 H, A = 32, 4

@@ -28,7 +28,9 @@ import torch
 
 from course.sequence_context_parallel import (contiguous, merge, ring_attention, ring_pass,
                                               scores, zigzag)
-from helpers import cp_bench, shape, tiny, trace
+from helpers import tiny, trace
+from machinery import l11_sequence_context_parallel as cp_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "11_sequence_context_parallel.ipynb"

@@ -27,7 +27,9 @@ import torch.distributed as dist
 
 from course.expert_parallel import (balance, balanced_top, expert_mlp, make_router, moe_layer,
                                      moe_reference)
-from helpers import ep_bench, shape, tiny, trace
+from helpers import tiny, trace
+from machinery import l12_expert_parallel as ep_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "12_expert_parallel.ipynb"

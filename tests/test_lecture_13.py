@@ -12,7 +12,7 @@ the machine's load. Made wrong on purpose, it must fail:
 - the right table with the bytes of one row off by a factor of two.
 
 Two runs on a mesh, each step equal to one process in float64 and every collective, attributed to
-its mesh dimension by helpers.mesh_bench, equal to the lecture's byte model (calls, N and bytes
+its mesh dimension by machinery.l13_nd_parallelism, equal to the lecture's byte model (calls, N and bytes
 sent, exactly; counts do not depend on the load):
 - section 1's HSDP step (FSDP2 on a ("replicate", "shard") mesh of (2, 2)), model from
   `fsdp_unit_bytes` and `expected`;
@@ -47,7 +47,9 @@ from course.nd_parallelism import (CPU_ALL_TO_ALL, REDISTRIBUTE, assert_redistri
                                    hsdp_split, mlp_parts, mlp_step, moe_bytes, moe_parts,
                                    moe_step, redistribute_calls)
 from course.sequence_context_parallel import zigzag
-from helpers import mesh_bench, patching, shape, tiny
+from helpers import patching, tiny
+from machinery import l13_nd_parallelism as mesh_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "13_nd_parallelism.ipynb"

@@ -31,7 +31,10 @@ import pytest
 
 import nd3d
 from course.planner import differences
-from helpers import bench, fake_mesh, paper, planner, planner_machine, shape
+from helpers import bench
+from machinery.l14_planner import fake_mesh, paper, measured as planner_machine
+from machinery import l14_planner as planner
+from helpers.site import shape
 
 LECTURE = Path(shape.NOTEBOOKS) / "14_planner.ipynb"
 BOUND = 0.35   # the lecture's SMOKE bound

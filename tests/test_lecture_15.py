@@ -2,7 +2,7 @@
 written-out DataParallel checked against one process.
 
 The claim (notebooks/15_frameworks.ipynb, section 2): one step of the written-out nn.DataParallel
-over K devices makes exactly the copies of helpers.frameworks_bench.copies_model (scatter
+over K devices makes exactly the copies of machinery.l15_frameworks.copies_model (scatter
 (K-1)/K (X + O), replicate (K-1) P, gather (K-1)/K O, reduce_gradients (K-1) P), counted by
 wrapping the step (`frameworks_bench.copies`) and asserted by `assert_copies_per_step`. It is a
 count, so it holds on a loaded machine and needs no tolerance. The negative controls must fail it:
@@ -23,7 +23,9 @@ import torch
 
 import course.frameworks as fw
 from course.ddp import global_batches, sgd_update
-from helpers import frameworks_bench, shape, tiny
+from helpers import tiny
+from machinery import l15_frameworks as frameworks_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "15_frameworks.ipynb"

@@ -28,7 +28,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from helpers import ckpt_bench, shape
+from machinery import l16_checkpoints as ckpt_bench
+from helpers.site import shape
 from helpers.spawn import spawn
 
 LECTURE = Path(shape.NOTEBOOKS) / "16_checkpoints.ipynb"

@@ -1,4 +1,4 @@
-"""Tests of helpers/planner.py (with planner_counts.py, planner_machine.py) and helpers/paper.py: memory,
+"""Tests of lecture 14's planner, notebooks/machinery/l14_planner/ (step, counts, measured, paper): memory,
 traffic and time computed by hand, the overlap cap, the efficiency fitted and the baselines, feasibility rules,
 ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
 the alpha-beta inversion, the paper's table against itself, and the layouts production runs make
@@ -12,7 +12,9 @@ import statistics
 import pytest
 import torch
 
-from helpers import cost, paper, planner, tiny
+from helpers import cost, tiny
+from machinery.l14_planner import paper
+from machinery import l14_planner as planner
 
 # A toy model and cluster whose numbers can be followed by hand.
 TOY = {"layers": 4, "hidden": 8, "heads": 2, "vocab": 16, "seq": 4, "params": 1000}
@@ -118,7 +120,7 @@ def test_step_time_takes_its_traffic_from_traffic(monkeypatch):
     real = planner.traffic
     doubled = lambda *a, **k: {d: dict(v, kind_bytes={n: 2 * b for n, b in v["kind_bytes"].items()})  # noqa: E731
                                for d, v in real(*a, **k).items()}
-    monkeypatch.setattr(planner, "traffic", doubled)
+    monkeypatch.setattr(planner.step, "traffic", doubled)   # where step_time looks it up
     t2 = planner.step_time(*args, zero=3, recompute="none")
     assert all(t2[k] > t[k] for k in ("tensor", "p2p", "data")) and t2["compute"] == t["compute"]
 
@@ -209,7 +211,7 @@ def test_slow_network_keeps_gradients_inside_the_node():
 def test_ring_costs_are_the_helpers():
     # one definition of lecture 02's ring formulas in the series
     assert planner.ring_all_reduce is cost.ring_all_reduce and planner.ring_all_gather is cost.ring_all_gather
-    from helpers import planner_counts
+    from machinery.l14_planner import counts as planner_counts
     assert planner_counts.COST["reduce_scatter"] is cost.ring_reduce_scatter
 
 
@@ -255,7 +257,7 @@ def test_tiny_step_is_the_planners_step_time(monkeypatch):
     same = planner.step_time(planner.tiny_model(CFG), planner.machine_cluster(MACHINE), 8, 2, 2, 2, 1,
                              zero=0, recompute="none", element=8)
     assert t == same
-    monkeypatch.setattr(planner, "step_time", lambda *a, **k: {"total": -1.0})   # a changed model
+    monkeypatch.setattr(planner.measured, "step_time", lambda *a, **k: {"total": -1.0})  # a changed model
     assert planner.tiny_step_time(CFG, MACHINE, 2, 2, 1, 2) == {"total": -1.0}  # ... is the tiny one too
 
 
@@ -404,7 +406,7 @@ def test_data_wait_is_added_per_data_parallel_call():
 
 
 def test_after_waits_take_the_last_start_to_the_last_end_less_the_ring():
-    from helpers import planner_machine
+    from machinery.l14_planner import measured as planner_machine
     ring = cost.ring_all_reduce(1024, 2, 1e9, 1e-4)
     # rank 1 starts 5 ms late and both end 2 ms after it: the call waited 2 ms less the ring's time
     per_rank = [{"after": {(2, 1024): [(0.000, 0.007)] * 3}}, {"after": {(2, 1024): [(0.005, 0.007)] * 3}}]
@@ -422,7 +424,7 @@ def test_after_waits_take_the_last_start_to_the_last_end_less_the_ring():
 
 def test_configurations_and_summary_pool_the_rank_counts():
     # the lecture's and the bench's layouts: 6 of 4 ranks, 8 of 8 for the tiny GPT of section 3
-    from helpers import planner_machine
+    from machinery.l14_planner import measured as planner_machine
     cfg = dict(CFG, dim=64, seq=32, batch=16, heads=4, depth=4)
     assert len(planner_machine.configurations(4, cfg, 2)) == 6
     assert len(planner_machine.configurations(8, cfg, 2)) == 8

@@ -1,20 +1,20 @@
 """One definition per teaching piece: what a lecture shows in its #@save cells is what later lectures
-import from notebooks/course/ (helpers.saved), byte for byte."""
+import from notebooks/course/ (helpers.site.saved), byte for byte."""
 import json
 
 import pytest
 
-from helpers import saved
+from helpers.site import saved
 
 
 def test_every_course_module_is_what_its_lecture_shows():
     want = saved.expected()
     have = {p: p.read_text() for p in saved.PACKAGE.glob("*.py") if p.name != "__init__.py"}
     assert sorted(have) == sorted(want), ("notebooks/course/ does not hold one module per lecture that saves "
-                                          "cells: run `python -m helpers.saved`")
+                                          "cells: run `python -m helpers.site.saved`")
     for path, text in want.items():
         assert have[path] == text, (f"{path.name} differs from the #@save cells of its lecture: edit the "
-                                    "lecture, then run `python -m helpers.saved`")
+                                    "lecture, then run `python -m helpers.site.saved`")
 
 
 def _lecture(tmp_path, *cells):

@@ -1,4 +1,4 @@
-"""Every lecture in the shape CONTRIBUTING.md describes, measured by helpers.shape: one sitting, short
+"""Every lecture in the shape CONTRIBUTING.md describes, measured by helpers.site.shape: one sitting, short
 cells and lines, a short set-up, no verdicts written by code, one definition per name.
 
 Lectures not yet rewritten in this shape are listed in NOT_YET with the rules they do not meet yet
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import shape
+from helpers.site import shape
 
 NOTEBOOKS = sorted(shape.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-RULES = {  # rule: (what helpers.shape measures, the most it may be)
+RULES = {  # rule: (what helpers.site.shape measures, the most it may be)
     "one sitting": ("minutes", shape.MINUTES),
     "short cells": ("cells over 60", 0),
     "short lines": ("lines over 88", 0),
@@ -40,7 +40,7 @@ def test_the_lecture_has_the_shape(path):
 
 
 def test_no_name_is_defined_differently_in_two_lectures():
-    """A piece reused by a later lecture is imported from notebooks/course/ (helpers.saved), not copied."""
+    """A piece reused by a later lecture is imported from notebooks/course/ (helpers.site.saved), not copied."""
     seen = {}
     for path in NOTEBOOKS:
         for name, dump in shape.definitions(path).items():

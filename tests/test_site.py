@@ -4,7 +4,7 @@ and the machine banner, figures and formulas render, no code cell scrolls sidewa
 1280 px, the download links resolve, and the offline search finds a term in the one lecture that
 holds it.
 
-The site is built (helpers.site.write_site, Sphinx) from the notebooks tests/test_notebooks.py
+The site is built (helpers.site.build.write_site, Sphinx) from the notebooks tests/test_notebooks.py
 executed in this session, so `make test` executes each lecture once; run alone, this test executes
 them itself (SMOKE, a few minutes). Without a Chromium it skips and says why (.ci/run installs
 Debian's chromium).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import images, site
+from helpers.site import images, build as site
 
 LECTURES = site.lectures()
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")

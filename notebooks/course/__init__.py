@@ -1,1 +1,1 @@
-"""The lectures' reusable pieces: one module per lecture, written by `python -m helpers.saved`."""
+"""The lectures' reusable pieces: one module per lecture, written by `python -m helpers.site.saved`."""

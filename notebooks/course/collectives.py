@@ -1,5 +1,5 @@
 """Lecture 01's pieces that later lectures reuse, exactly as notebooks/01_collectives.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import time
 import torch.distributed as dist
 from helpers import timeline

@@ -1,5 +1,5 @@
 """Lecture 04's pieces that later lectures reuse, exactly as notebooks/04_cuda_streams.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import torch.distributed as dist
 
 

@@ -1,5 +1,5 @@
 """Lecture 05's pieces that later lectures reuse, exactly as notebooks/05_ddp.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import contextlib
 import torch
 import torch.distributed as dist

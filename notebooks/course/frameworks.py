@@ -1,5 +1,5 @@
 """Lecture 15's pieces that later lectures reuse, exactly as notebooks/15_frameworks.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import copy
 import torch
 from concurrent.futures import ThreadPoolExecutor

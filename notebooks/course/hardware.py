@@ -1,5 +1,5 @@
 """Lecture 00's pieces that later lectures reuse, exactly as notebooks/00_hardware.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import statistics
 import torch
 import torch.distributed as dist

@@ -1,12 +1,13 @@
 """Lecture 13's pieces that later lectures reuse, exactly as notebooks/13_nd_parallelism.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import math
 import torch
 import torch.distributed as dist
 from course.expert_parallel import expert_mlp, make_router, moe_layer
 from course.sequence_context_parallel import ring_attention, zigzag
-from helpers import ep_bench, mesh_bench, tiny, trace
+from helpers import tiny, trace
 from helpers.spawn import device
+from machinery import l12_expert_parallel as ep_bench, l13_nd_parallelism as mesh_bench
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 

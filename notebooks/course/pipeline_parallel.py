@@ -1,5 +1,5 @@
 """Lecture 08's pieces that later lectures reuse, exactly as notebooks/08_pipeline_parallel.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import torch
 import torch.distributed as dist
 from helpers import timing, tiny

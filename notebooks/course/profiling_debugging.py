@@ -1,5 +1,5 @@
 """Lecture 09's pieces that later lectures reuse, exactly as notebooks/09_profiling_debugging.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 from helpers import tiny
 from torch.profiler import record_function
 

@@ -1,5 +1,5 @@
 """Lecture 11's pieces that later lectures reuse, exactly as notebooks/11_sequence_context_parallel.ipynb shows them
-(its cells marked #@save). Written by `python -m helpers.saved`: edit the lecture, then run it again."""
+(its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
 import torch
 import torch.distributed as dist
 

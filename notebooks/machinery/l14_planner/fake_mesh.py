@@ -1,6 +1,7 @@
 """Count one training step's collectives on a mesh of 64 to 1,024 ranks, in one process, on a laptop.
 
-    from helpers import fake_mesh, planner
+    from machinery.l14_planner import fake_mesh
+    from machinery import l14_planner as planner
     model = fake_mesh.stack_model(layers=2, hidden=4096, heads=32, seq=64)   # planner's model dict
     counted = fake_mesh.count(model, dp=128, tp=8)          # {"data": {...}, "tensor": {...}, ...}
     counted["tensor"]          # {"calls": 12, "bytes": ..., "kind": {"all_reduce": 12}, "kind_bytes": ...}
@@ -17,11 +18,11 @@ on the meta device and materialised shard by shard, so a 1,024-rank layout of h 
 rank's share. One step (micro_batches forwards and backwards, an SGD step) runs under
 helpers.trace, and every call is attributed to its mesh dimension by its process group.
 
-It runs in a fresh Python process (`python -m helpers.fake_mesh SPEC_JSON`, which prints JSON), so
+It runs in a fresh Python process (`python -m machinery.l14_planner.fake_mesh SPEC_JSON`, which prints JSON), so
 the caller's process group, if any, is never touched and nothing is left running; a count takes a
 few seconds.
 
-Dimension names follow helpers.planner.traffic: "data" (FSDP's group), "tensor" ("tp"), "context"
+Dimension names follow machinery.l14_planner.traffic: "data" (FSDP's group), "tensor" ("tp"), "context"
 ("cp": K and V all-gathered along the sequence, by hand, as in Llama 3's context parallelism; torch's
 own context_parallel handles only the CUDA attention kernels). A call on any other group is kept
 under "other". Pipeline parallelism is not built here (the fake group runs one rank: a stage's
@@ -33,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]      # where `python -m helpers.fake_mesh` is found
+NOTEBOOKS = Path(__file__).resolve().parents[2]  # where `python -m machinery.l14_planner.fake_mesh` is found
 DIMS = {"dp": "data", "dp_cp": "data", "tp": "tensor", "cp": "context"}
 
 
@@ -93,8 +94,8 @@ def _run(specs, timeout):
     """Each count in its own process (a second mesh in the same process would meet the first one's
     cached groups after destroy_process_group), all started at once; their results in order."""
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "helpers.fake_mesh", json.dumps(spec)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-m", "machinery.l14_planner.fake_mesh", json.dumps(spec)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=NOTEBOOKS)
              for spec in specs]
     outs = []
     try:

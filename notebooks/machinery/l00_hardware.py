@@ -1,9 +1,9 @@
 """Lecture 00's machinery: what the operating system and the driver say about the caches and GPUs,
 which copies count as DRAM copies, rates with their spread, the runs kept in data/, and the
-lecture's figures (those in helpers/hardware_figures.py). The teaching code (the copies, the
+lecture's figures (those in notebooks/machinery/l00_hardware_figures.py). The teaching code (the copies, the
 ping-pong) stays in the notebook; this module only reads the machine and summarises.
 
-    from helpers import hardware
+    from machinery import l00_hardware as hardware
     hardware.cache_levels()          # [("L1d", 32768, "0"), ("L2", 1048576, "0"), ...]
 """
 import glob

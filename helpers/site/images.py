@@ -1,6 +1,6 @@
 """`make images`: the series at a glance, one key figure per lecture, drawn by the lecture's own cell.
 
-    python -m helpers.images build/executed      (make images runs every lecture at full sizes first)
+    python -m helpers.site.images build/executed      (make images runs every lecture at full sizes first)
 
 Each lecture tags one code cell `key-figure` and captions it (the cell's metadata "caption"). From
 the executed notebooks this takes that cell's last PNG, shrinks it to at most WIDTH pixels wide, and
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "images"
 INDEX = FOLDER / "figures.json"
 TAG = "key-figure"
@@ -101,5 +101,5 @@ def make(executed_dir, smoke=False, stems=None):
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        sys.exit("usage: python -m helpers.images EXECUTED_DIR (the folder `make html` executes into: build/executed)")
+        sys.exit("usage: python -m helpers.site.images EXECUTED_DIR (the folder `make html` executes into: build/executed)")
     print("images/ written:", ", ".join(make(sys.argv[1])))

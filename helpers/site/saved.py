@@ -1,7 +1,7 @@
 """Teaching pieces that a later lecture reuses: one definition, shown where it is taught (d2l's #@save).
 
 A code cell of notebooks/NN_topic.ipynb whose first line is `#@save` holds a piece that later lectures
-reuse (lecture 02's ring all-reduce, lecture 00's ping-pong). `python -m helpers.saved` writes the
+reuse (lecture 02's ring all-reduce, lecture 00's ping-pong). `python -m helpers.site.saved` writes the
 saved cells of every lecture, in order, to notebooks/course/topic.py, preceded by the lecture's own
 import lines that they use; a later lecture imports them from there
 (`from course.ring_math import ring_all_reduce`), and so do its ranks (spawn gives them the
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 MARK = "#@save"
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 PACKAGE = NOTEBOOKS / "course"
 
 
@@ -105,7 +105,7 @@ def module_text(path):
     froms = [f"from {m} import {', '.join(sorted(names))}" for m, names in sorted(grouped.items())]
     head = (f'"""Lecture {Path(path).name[:2]}\'s pieces that later lectures reuse, exactly as '
             f"notebooks/{Path(path).name} shows them\n(its cells marked {MARK}). Written by "
-            '`python -m helpers.saved`: edit the lecture, then run it again."""\n')
+            '`python -m helpers.site.saved`: edit the lecture, then run it again."""\n')
     return head + "\n".join(plain + froms) + "\n\n\n" + body
 
 
@@ -126,7 +126,7 @@ def write(notebooks=NOTEBOOKS):
     init = PACKAGE / "__init__.py"
     if not init.exists():
         init.write_text('"""The lectures\' reusable pieces: one module per lecture, written by '
-                        '`python -m helpers.saved`."""\n')
+                        '`python -m helpers.site.saved`."""\n')
     for old in PACKAGE.glob("*.py"):
         if old.name != "__init__.py" and old not in want:
             old.unlink()

@@ -1,13 +1,35 @@
-"""Lecture 11's measuring machinery (context parallelism): what a rank's ring attention costs,
-counted by wrapping the plain code (FlopCounterMode for the matmuls, helpers.trace for the bytes
-sent), the key claim's assertion (counted work per rank equals the causal layout's model), and
-the key figure. It holds none of the lecture's algorithm.
+"""Lecture 11's measuring machinery. Sequence parallelism's memory: the bytes autograd keeps for the
+backward of a piece of code, counted by wrapping it (saved_tensors_hooks), never by a counter inside it
+(saved_bytes). Context parallelism: what a rank's ring attention costs, counted by wrapping the plain
+code (FlopCounterMode for the matmuls, helpers.trace for the bytes sent), the key claim's assertion
+(counted work per rank equals the causal layout's model), and the key figure. It holds none of the
+lecture's algorithm.
 """
 import contextlib
 
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import plots, trace
+
+
+def saved_bytes(run, params=()):
+    """Bytes autograd saves for backward while `run()` executes: each storage once (q, k and v
+    are views of one qkv output), the parameters in `params` left out (they are not activations)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()              # kept alive until counted: no saved storage is freed and reused
+    total = sum(kept.values())
+    del out
+    return total
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The figures of lecture 14 (the planner): a plan's memory and time per layout, broken down
 (plan_bars), and the planner's step against the step measured here (check_bars). Drawing only:
-the numbers come from helpers.planner."""
+the numbers come from machinery.l14_planner."""
 import matplotlib.pyplot as plt
 
 from helpers import plots

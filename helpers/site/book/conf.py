@@ -1,4 +1,4 @@
-"""Sphinx's configuration of the course site. helpers/site.py writes the source folder (the executed
+"""Sphinx's configuration of the course site. helpers/site/build.py writes the source folder (the executed
 lectures, an index, the downloads) and builds it with this file; see there."""
 import os
 import sys
@@ -22,7 +22,7 @@ html_theme = "sphinx_book_theme"
 html_static_path = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_static")]
 html_css_files = ["site.css"]
 html_theme_options = {
-    "announcement": "",  # the machine the numbers come from; helpers/site.py sets it for each build
+    "announcement": "",  # the machine the numbers come from; helpers/site/build.py sets it for each build
     "show_toc_level": 2,  # the lecture's sections and their parts in the page's table of contents
     "use_download_button": False,  # it offers the executed source; each page links the clean notebook
     "use_fullscreen_button": False,

@@ -29,7 +29,7 @@ from helpers import timing, tiny
 # quiet_stderr: Lightning's default profiler schedule ends its cycle inside the optimizer's step,
 # and torch's profiler then warns, from C++, of the range left open (an exception still reaches
 # spawn, with its traceback).
-from helpers.ddp_bench import quiet_stderr  # noqa: F401 - lecture 15 calls it from here
+from machinery.l05_ddp import quiet_stderr  # noqa: F401 - lecture 15 calls it from here
 
 _COPIES = {"aten.clone.default", "aten._to_copy.default", "aten.copy_.default"}
 

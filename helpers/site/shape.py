@@ -1,7 +1,7 @@
 """The shape of a lecture, measured: how long it takes to read and where code does what prose should.
 
-    python -m helpers.shape                 # one line per lecture
-    python -m helpers.shape notebooks/02_ring_math.ipynb
+    python -m helpers.site.shape                 # one line per lecture
+    python -m helpers.site.shape notebooks/02_ring_math.ipynb
 
 The reading time is estimated as CONTRIBUTING.md (and ../shared/checks/lecture-shape) estimate it:
 prose at 150 words a minute (technical text, with formulas) plus code at 6 lines a minute, optional
@@ -20,7 +20,7 @@ LINE_CHARS = 88         # the site's code column
 BEFORE_SECTION_1 = 25   # lines of code before "## 1"
 PRINTED_WORDS = 20      # words of text one printing call may write (a label, not a paragraph)
 PRINTERS = {"print", "table", "by_rank", "say", "Markdown", "display", "note", "verdict", "takeaway"}
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def cells(path):

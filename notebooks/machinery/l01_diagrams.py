@@ -1,6 +1,6 @@
 """The before/after picture of a collective: what every rank holds before a call and after it.
 
-    from helpers import diagrams
+    from machinery import l01_diagrams as diagrams
     diagrams.before_after("all-reduce (SUM)", before, after, reduced=True)
 
 `before` and `after` hold one value per rank, as the ranks returned them: a tensor, a list of tensors

@@ -102,7 +102,7 @@ def launcher_frames(frames):
     the wrapped function, innermost first, as "function (file:line)"; None if there were none."""
     if not frames:
         return None
-    inside = [f for f in frames if f[2] != "_announced" or not f[0].endswith("watch_bench.py")]
+    inside = [f for f in frames if f[2] != "_announced" or not f[0].endswith("l09_watch.py")]
     return [f"{name} ({short_file(file)}:{line})" for file, line, name, _ in inside[::-1]]
 
 

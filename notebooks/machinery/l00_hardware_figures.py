@@ -1,12 +1,12 @@
-"""Lecture 00's figures, drawn from what helpers/hardware.py reads and summarises.
+"""Lecture 00's figures, drawn from what notebooks/machinery/l00_hardware.py reads and summarises.
 
-    from helpers import hardware_figures
+    from machinery import l00_hardware_figures as hardware_figures
     hardware_figures.draw_node(PEAK)   # section 2's HGX H100 node, lines as thick as their bandwidth
 """
 import math
 import statistics
 
-from helpers.hardware import GPU_COPIES, NODE_LINKS, rate
+from machinery.l00_hardware import GPU_COPIES, NODE_LINKS, rate
 
 
 def draw_node(peak):

@@ -2,12 +2,12 @@
 computing at once, alpha and B, and the wait of a call after compute, measured in the ranks
 (machine_rank, after_compute, machine_figures), nd3d's tiny GPT as a planner model (tiny_model), its step
 predicted by the planner's one model (tiny_step_time = planner.step_time on machine_cluster), and the
-check of predicted against measured in one launch (run_rank, compare). Reached as planner.<name>."""
+check of predicted against measured in one launch (run_rank, compare)."""
 import statistics
 
 from helpers.cost import fit_alpha_beta
-from helpers.planner_counts import executed_flops
-
+from machinery.l14_planner.counts import executed_flops
+from machinery.l14_planner.step import step_time
 
 # ------------------------------------------- this machine: measured alpha, B, FLOP/s (lecture 03)
 
@@ -174,9 +174,8 @@ def machine_figures(per_rank, cfg, stat=None, dtype="float64"):
     p2p_alpha, p2p_bw = p2p_link([r for r in rows if r["kind"] == "send_recv"])
     after = {"data_wait": after_waits(per_rank, (ar_alpha, ar_bw), stat)} if per_rank[0].get("after") else {}
     return {**after, "ranks": len(per_rank), "slowdown": slowdown, "flops": compute.bandwidth,
-            "c0": compute.alpha, "ar_alpha": ar_alpha,
-            "ar_bw": ar_bw, "p2p_alpha": p2p_alpha, "p2p_bw": p2p_bw, "element": 8 if dtype == "float64" else 4,
-            "rows": rows, "steps": dict(zip(batches, seconds))}
+            "c0": compute.alpha, "ar_alpha": ar_alpha, "ar_bw": ar_bw, "p2p_alpha": p2p_alpha,
+            "p2p_bw": p2p_bw, "element": 8 if dtype == "float64" else 4, "rows": rows, "steps": dict(zip(batches, seconds))}
 
 
 # ---------------------------------------------------- small-model mode: nd3d.train's 3D step
@@ -188,7 +187,6 @@ def tiny_step_time(cfg, machine, dp, tp, pp, micro_batches, head_split=False):
     (last) stage spends c0/pp plus its FLOPs over R, 4 all-reduces of b s h elements per block over tp
     (f/g, lecture 07) and one activation each way to its neighbour; m + p - 1 such slots (lecture
     08); then one ring all-reduce of the fullest stage's gradients over dp (lecture 05)."""
-    from helpers.planner import step_time
     b = cfg["batch"] // (dp * micro_batches)
     return step_time(tiny_model(cfg, head_split), machine_cluster(machine), cfg["batch"], b, dp, tp, pp,
                      zero=0, recompute="none", element=machine["element"])

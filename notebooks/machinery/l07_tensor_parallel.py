@@ -11,7 +11,8 @@ import torch.distributed as dist
 from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import ddp_bench, machine, plots, timing
+from helpers import machine, plots, timing
+from machinery import l05_ddp as ddp_bench
 
 
 def draw_split(ax, kind, K=4):

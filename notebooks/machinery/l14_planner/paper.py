@@ -1,8 +1,8 @@
-"""Published tables the planner (helpers/planner.py) is put on: the GPT-3 family, and Narayanan et al. 2021 (SC21, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+"""Published tables the planner (notebooks/machinery/l14_planner/step.py) is put on: the GPT-3 family, and Narayanan et al. 2021 (SC21, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", arXiv:2104.04473), Table 1, as data, and the planner put on the same models and GPUs.
 
-    from helpers import paper
-    model = paper.gpt3("GPT-3 175B")          # {"layers": 96, "hidden": 12288, ...} for helpers.planner
+    from machinery.l14_planner import paper
+    model = paper.gpt3("GPT-3 175B")          # {"layers": 96, "hidden": 12288, ...} for machinery.l14_planner
     rows = paper.compare()                    # one dict per Table 1 row: theirs, the planner's (efficiency
     paper.table(rows)                         # fitted on row FIT_ROW), the constant's and the trend's
     paper.skill(rows)                         # median |error| of each over the rows not fitted
@@ -19,7 +19,7 @@ print): Megatron-LM's examples/sc21/run_table_1.sh, the script that reproduces i
 import math
 import statistics
 
-from helpers import planner
+from machinery import l14_planner as planner
 
 # The GPT-3 family as the UvA reading's table gives it (from Brown et al. 2020, Table 2.1): layers,
 # d_model, heads, batch in tokens. The table (and the GPT-3 paper) print d_model = 5140 for 13B; its 40

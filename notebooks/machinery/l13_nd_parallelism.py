@@ -19,7 +19,8 @@ import math
 
 import torch.distributed as dist
 
-from helpers import ep_bench, trace
+from helpers import trace
+from machinery import l12_expert_parallel as ep_bench
 from helpers.spawn import device, spawn
 
 

@@ -1,6 +1,6 @@
 """What the installed backends support, found by trying it on ranks (a printed table goes stale).
 
-    from helpers import probes
+    from machinery import l01_probes as probes
     backends, rows, errors = probes.reduce_ops(world_size=4)  # every op x call x dtype, graded
     rows, found, skipped = probes.calls_vs_reading()          # the UvA reading's table, tried again
     probes.differences(found)                                 # where this machine contradicts it

@@ -1,7 +1,7 @@
 """Lecture 04's machinery for section 4, which the lecture uses and does not teach: a paced
 all-reduce (a link that costs time but no core), the ranks' timed repetitions of the lecture's
 step functions, their tables and timelines, and the CPU time a collective takes (section 2's GPU
-instruments are in helpers/stream_events.py).
+instruments are in notebooks/machinery/l04_events.py).
 
 Every time here is the host clock (perf_counter, helpers.timing's CPU clock) read around the
 lecture's step functions after a barrier.

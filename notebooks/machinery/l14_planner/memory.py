@@ -1,7 +1,7 @@
 """The planner's memory per GPU (lecture 14): weights, gradients and optimizer states of a stage, its
 activations in flight, the working memory of recomputation and ZeRO-3, and the logits, per pipeline
 stage; the fullest stage decides what fits. Reached as planner.memory, planner.activation_bytes_per_layer."""
-from helpers.planner_counts import BF16, _moe, stage_layers, stage_param_split
+from machinery.l14_planner.counts import BF16, _moe, stage_layers, stage_param_split
 
 
 def activation_bytes_per_layer(model, micro_batch, tp, recompute, sequence_parallel, cp=1):

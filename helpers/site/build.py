@@ -4,12 +4,12 @@
 
 Each notebook in notebooks/ is executed once with papermill (full parameters, or SMOKE=True with
 --smoke) into build/executed/. Sphinx then builds the site from those executed notebooks without
-running them again (MyST-NB, configured in helpers/book/conf.py): the book theme's sidebar lists every
+running them again (MyST-NB, configured in helpers/site/book/conf.py): the book theme's sidebar lists every
 lecture in order, each page has its own table of contents, prev/next links and the machine that
 produced its numbers in a banner; Sphinx's search works offline; each page links its notebook without
 outputs and its exercises' solutions. The maths is MathML, written when the page is built
-(helpers/book/mathml.py), so it reads with no network and no script. With --images the key figure of
-each executed lecture is kept in images/ first (helpers.images, `make images`) and the index shows it.
+(helpers/site/book/mathml.py), so it reads with no network and no script. With --images the key figure of
+each executed lecture is kept in images/ first (helpers.site.images, `make images`) and the index shows it.
 A lecture that fails is still rendered up to its failing cell and named at the end; the command then
 exits non-zero. tests/test_site.py builds the site from the notebooks the tests executed and opens it
 in headless Chromium.
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE_TITLE = "Distributed training, by running it"
 
 
@@ -71,7 +71,7 @@ def execute(src, dst, smoke, save_to=None):
     lectures that have a SAVE_TO knob (they write their measurements there, helpers.archive)."""
     import papermill
 
-    from helpers import headless
+    from helpers.site import headless
 
     params = {"SMOKE": True} if smoke else {}
     if save_to and "SAVE_TO" in knobs(src):
@@ -106,7 +106,7 @@ def lecture_cell(name):
 
 def index_page(executed, figures):
     """The index in MyST markdown: every lecture in order with its line and, where images/ has one,
-    its key figure (helpers.images); the hidden toctree is the sidebar."""
+    its key figure (helpers.site.images); the hidden toctree is the sidebar."""
     lines = [f"# {SITE_TITLE}", "",
              "An executable lecture series on how training is spread over many devices. Every lecture "
              "starts real worker processes, checks each result against a single-process reference, "
@@ -125,7 +125,7 @@ def index_page(executed, figures):
 
 
 def write_site(executed, out, machine_line):
-    """Build the site from executed notebooks (in lecture order) into out/ with Sphinx (helpers/book/
+    """Build the site from executed notebooks (in lecture order) into out/ with Sphinx (helpers/site/book/
     conf.py): MyST-NB renders each notebook as it ran, the book theme gives the sidebar, the page's
     contents, prev/next and search. The source folder (out + "-src") holds the executed lectures with
     their download line, the clean notebooks and solutions to download, and the index. Returns
@@ -133,7 +133,7 @@ def write_site(executed, out, machine_line):
     import nbformat
     from sphinx.application import Sphinx
 
-    from helpers import images
+    from helpers.site import images
 
     out, executed = Path(out), [Path(p) for p in executed]
     src = out.with_name(out.name + "-src")
@@ -184,7 +184,7 @@ def main(argv=None):
             failed.append(f"{src.name}: {error}")
         print(f"    {'FAILED: ' + error if error else 'ok'} ({time.time() - t0:.0f} s)", flush=True)
     if a.images and not failed:
-        from helpers import images
+        from helpers.site import images
 
         kept = images.make(executed_dir, a.smoke, [p.stem for p in paths])
         print("key figures written to images/:", ", ".join(kept))
