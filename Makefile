@@ -53,27 +53,39 @@ images: $(READY)
 	$(BIN)/python -m helpers.site --out build/html --images
 
 # make test in two phases, so that no timed test or lecture shares the cores with other tests:
-# 1. the tests that time nothing, in two streams at once: those marked `beside`
-#    (tests/test_lecture_16.py: restarts and a hang under torchrun; tests/test_cluster.py: two
-#    torchrun agents as two nodes; they mostly wait) at a lower priority (nice 10), next to UNTIMED
-#    in the foreground (the launcher's hangs and kills, programs and counts checked exactly; the
-#    waiting ones first, so that the two streams share idle cores);
-# 2. after both: everything else (every timed test and every lecture, in JupyterLab too, whose
-#    timed checks a second stream moved by 30 % once), one after another, alone.
+# 1. what times nothing, in three streams at once: the tests marked `beside` (tests/test_lecture_16.py:
+#    restarts and a hang under torchrun; tests/test_cluster.py: two torchrun agents as two nodes;
+#    lecture 01's runs, with two hangs each; they mostly wait) at a lower priority (nice 10); the
+#    lectures that assert no timing (marked `untimed` in tests/test_notebooks.py: 10, 11, 12, 13, 16,
+#    with their other world sizes); and, in the foreground, UNTIMED (the launcher's hangs and kills,
+#    programs and counts checked exactly, the conventions; the waiting ones first, so that the
+#    streams share idle cores);
+# 2. after all three: everything else (every timed test and lecture, JupyterLab's run of the lectures
+#    with widgets, whose timed checks a second stream moved by 30 % once, and the site), one after
+#    another, alone.
+# The lectures of both phases are executed into EXECUTED_DIR, which the site test renders.
 # `pytest tests` runs them all in one process.
 UNTIMED = tests/test_spawn.py tests/test_nd3d.py tests/test_fake_mesh.py \
-	tests/test_lecture_13.py tests/test_zero_wrappers.py tests/test_planner.py \
-	tests/test_consistency.py tests/test_shape.py tests/test_saved.py tests/test_environment.py
+	tests/test_lecture_13.py tests/test_zero_wrappers.py tests/test_planner.py tests/test_lecture_01.py \
+	tests/test_lecture_10.py tests/test_lecture_11.py tests/test_lecture_12.py \
+	tests/test_consistency.py tests/test_shape.py tests/test_saved.py tests/test_environment.py \
+	tests/test_layout.py
+PYTEST = $(BIN)/python -m pytest -ra -p no:cacheprovider
 test: $(READY)
-	@mkdir -p build
-	LAB=$(LAB) nice -n 10 $(BIN)/python -m pytest -ra --durations=5 -p no:cacheprovider \
-		--basetemp build/test-beside-tmp -m beside tests >build/test-beside.log 2>&1 & beside=$$!; \
-	trap 'kill $$beside 2>/dev/null' INT TERM; \
-	LAB=$(LAB) $(BIN)/python -m pytest -ra --durations=5 -m "not beside" $(UNTIMED); untimed=$$?; \
+	@rm -rf build/test-executed build/test-*-tmp; mkdir -p build
+	export LAB=$(LAB) EXECUTED_DIR=$(CURDIR)/build/test-executed; \
+	nice -n 10 $(PYTEST) --durations=5 --basetemp build/test-beside-tmp -m beside tests \
+		>build/test-beside.log 2>&1 & beside=$$!; \
+	$(PYTEST) --durations=5 --basetemp build/test-untimed-tmp -m "untimed and not beside" \
+		tests/test_notebooks.py >build/test-untimed.log 2>&1 & lectures=$$!; \
+	trap 'kill $$beside $$lectures 2>/dev/null' INT TERM; \
+	$(PYTEST) --durations=5 -m "not beside" $(UNTIMED); untimed=$$?; \
+	wait $$lectures; quiet=$$?; echo "--- beside it, the lectures that time nothing (build/test-untimed.log):"; \
+	cat build/test-untimed.log; \
 	wait $$beside; side=$$?; echo "--- beside it (build/test-beside.log):"; cat build/test-beside.log; \
-	LAB=$(LAB) $(BIN)/python -m pytest -ra --durations=15 -m "not beside" \
-		$(addprefix --ignore=,$(UNTIMED)) tests; timed=$$?; \
-	[ $$untimed -eq 0 ] && [ $$side -eq 0 ] && [ $$timed -eq 0 ]
+	$(PYTEST) --durations=15 -m "not beside and not untimed" $(addprefix --ignore=,$(UNTIMED)) tests; \
+	timed=$$?; \
+	[ $$untimed -eq 0 ] && [ $$quiet -eq 0 ] && [ $$side -eq 0 ] && [ $$timed -eq 0 ]
 
 lab: $(READY)
 	cd notebooks && ../$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)

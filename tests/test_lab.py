@@ -25,13 +25,12 @@ and figures work as they do here; running more of them twice would put `make tes
 minutes (issue 20).
 `make test LAB=all` (the environment variable) runs every lecture here.
 
-The lectures run with SMOKE = True and WORLD_SIZE = 2 (or the fewest ranks a lecture accepts: 4 for
-14, whose check needs 4 ranks' layouts), set by editing the text of the parameters cell
-in Lab's notebook model before running: at full parameters a lecture measures for minutes on 2 cores,
-and what this test checks (Lab, kernel, widgets, figures) does not depend on the sizes or the rank
-count (run headless, 2 ranks took 02, 08 and 12 from 29, 18 and 23 s to 22, 14 and 21 s);
-tests/test_notebooks.py (at each lecture's own WORLD_SIZE) and bench/series.py cover the lectures'
-own content and time.
+The lectures run as CI runs them headless (SMOKE = True, CHECK_SOLUTIONS = True, their own
+WORLD_SIZE), set by editing the text of the parameters cell in Lab's notebook model before running.
+Lab's run is then that lecture's run in `make test`: the executed notebook, read from Lab's model with
+the widgets' state (the widget manager's `saveState`, as a save in Lab writes it), goes where
+tests/test_notebooks.py keeps the lectures it executes (the `executed_dir` fixture), and that test
+checks it instead of executing the lecture a second time (tests/test_site.py renders it).
 Without a Chromium the test skips and says why, as tests/test_site.py does.
 """
 import contextlib
@@ -86,6 +85,7 @@ def lab_lectures():
 
 WIDGET_CODE = "widgets.interact("  # a cell with this draws an interactive figure
 RUN_TIMEOUT_S = 240
+LAB_RUN = "JupyterLab (tests/test_lab.py)"   # the mark of a lecture run here, in its metadata
 
 
 def stop(proc):
@@ -125,9 +125,11 @@ def wait_for(check, timeout, what):
 def lab(tmp_path_factory):
     """A JupyterLab server on notebooks/ as `make lab` starts it, on a free port: its base URL."""
     home = tmp_path_factory.mktemp("jupyter")
-    settings = home / "config/lab/user-settings/@jupyterlab/docmanager-extension"
-    settings.mkdir(parents=True)
-    (settings / "plugin.jupyterlab-settings").write_text('{"autosave": false}')
+    user = home / "config/lab/user-settings"
+    for plugin, setting in (("@jupyterlab/docmanager-extension", '{"autosave": false}'),
+                            ("@jupyter-widgets/jupyterlab-manager", '{"saveState": true}')):
+        (user / plugin).mkdir(parents=True)
+        (user / plugin / "plugin.jupyterlab-settings").write_text(setting)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
     token = secrets.token_hex(16)
@@ -236,29 +238,30 @@ def opened(lab, browser, name):
         tab.close()
 
 
-def fewest_ranks(name):
-    """2, or the smallest WORLD_SIZE the lecture accepts (its checks.check_world_size(..., low=N))."""
-    low = re.search(r"check_world_size\(WORLD_SIZE, low=(\d+)", (ROOT / "notebooks" / name).read_text())
-    return max(2, int(low[1])) if low else 2
-
-
 def run_all(tab, name, timeout=RUN_TIMEOUT_S):
-    """Run every cell of the open lecture with Lab's own command, at SMOKE sizes on the fewest ranks
-    it accepts (2 for most); the per-code-cell report."""
-    k = fewest_ranks(name)
+    """Run every cell of the open lecture with Lab's own command, with the parameters CI gives it
+    headless (SMOKE and CHECK_SOLUTIONS on, its own WORLD_SIZE); the per-code-cell report."""
     assert tab.js(f"""(() => {{
       const cell = {panel(name)}.content.widgets.find(c => (c.model.getMetadata('tags') || []).includes('parameters'));
       const text = cell.model.sharedModel.getSource();
-      const small = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^WORLD_SIZE = \\d+/m, 'WORLD_SIZE = {k}');
-      cell.model.sharedModel.setSource(small);
-      return /^SMOKE = True/m.test(small) && /^WORLD_SIZE = {k}\\b/m.test(small) && small !== text; }})()"""), \
-        f"{name}: no `SMOKE = False` and `WORLD_SIZE = ...` to set"
+      const ci = text.replace(/^SMOKE = False/m, 'SMOKE = True').replace(/^CHECK_SOLUTIONS = False/m, 'CHECK_SOLUTIONS = True');
+      cell.model.sharedModel.setSource(ci);
+      return /^SMOKE = True/m.test(ci) && ci !== text; }})()"""), f"{name}: no `SMOKE = False` to set"
     tab.js("""window.ranAll = null; jupyterapp.commands.execute('notebook:run-all-cells')
               .then(ok => { window.ranAll = 'done'; }, e => { window.ranAll = String(e); })""")
     wait_for(lambda: tab.js(f"window.ranAll !== null && {kernel_idle(name)}"), timeout,
              f"{name} to run to the end")
     assert tab.js("window.ranAll") == "done", f"notebook:run-all-cells failed: {tab.js('window.ranAll')}"
     return tab.js(REPORT % panel(name))
+
+
+def executed(tab, name):
+    """The lecture as it ran in Lab, as a notebook (nbformat's JSON), with the widgets' state that a
+    save in Lab writes (the widget manager answers the save's "started" signal, saveState on)."""
+    nb = json.loads(tab.js(f"""((p) => {{ p.context.saveState.emit('started');
+                               return JSON.stringify(p.context.model.toJSON()); }})({panel(name)})"""))
+    nb["metadata"]["executed_in"] = LAB_RUN
+    return nb
 
 
 def failures(cells):
@@ -288,10 +291,12 @@ def test_every_lecture_is_found_and_those_that_draw_widgets_run_here():
 
 
 @pytest.mark.parametrize("name", lab_lectures(), ids=lambda n: n[:2])
-def test_lecture_runs_in_lab(browser, lab, name):  # browser first: without one it skips before Lab starts
+def test_lecture_runs_in_lab(browser, lab, name, executed_dir):  # browser first: without one it skips
     with opened(lab, browser, name) as tab:
         cells = run_all(tab, name)
         assert not failures(cells), f"{name} in JupyterLab:\n" + "\n".join(failures(cells))
+        nb = executed(tab, name)            # before a slider moves: the state the outputs show
+        assert nb["metadata"].get("widgets") or not shows(name, "widgets"), f"{name}: no widget state"
         for i, cell in enumerate(cells):
             pngs = sum("image/png" in out.get("data", {}) for out in cell["outputs"])
             assert len(cell["images"]) >= pngs, \
@@ -309,6 +314,7 @@ def test_lecture_runs_in_lab(browser, lab, name):  # browser first: without one 
         for i, cell in enumerate(cells):
             if WIDGET_CODE in cell["source"]:
                 check_widget(tab, name, i, cell)
+    (executed_dir / name).write_text(json.dumps(nb))  # the lecture's run (tests/test_notebooks.py)
 
 
 def check_widget(tab, name, i, cell):

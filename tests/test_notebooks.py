@@ -11,6 +11,15 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXTRA_RUNS = {"01_collectives.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}],
               "11_sequence_context_parallel.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}],
               "12_expert_parallel.ipynb": [{"WORLD_SIZE": 2}, {"WORLD_SIZE": 3}]}
+# Lectures that assert no timing (counts, values, a barrier's order, hangs, simulations): `make test`
+# runs them in its first phase beside other untimed tests, marked untimed, or beside (the stream of
+# tests that mostly wait) where the lecture mostly waits too; every other lecture times something and
+# runs alone in the second phase (the Makefile).
+UNTIMED = {"10": "bytes counted, values in float64 and fp16/bf16",
+           "11": "bytes and flops counted, values", "12": "values and split matrices counted",
+           "13": "values and bytes counted per mesh dimension",
+           "16": "values after a restart; Young's interval simulated with the measured cost C as its input"}
+WAITING = {"01": "values, a barrier's order (a lower bound), and two hangs it waits for"}
 CELL_TIMEOUT_S = 300  # a cell that hangs fails the run (and names itself) instead of stalling CI
 
 
@@ -28,10 +37,12 @@ def parameters_cell(path):
 def runs():
     out = []
     for path in NOTEBOOKS:
-        out.append(pytest.param(path, {}, id=path.name))
+        marks = [pytest.mark.untimed] if path.name[:2] in UNTIMED else \
+            [pytest.mark.beside] if path.name[:2] in WAITING else []
+        out.append(pytest.param(path, {}, id=path.name, marks=marks))
         for extra in EXTRA_RUNS.get(path.name, []):
             name = "-".join(f"{k}={v}" for k, v in extra.items())
-            out.append(pytest.param(path, extra, id=f"{path.name}-{name}"))
+            out.append(pytest.param(path, extra, id=f"{path.name}-{name}", marks=marks))
     return out
 
 
@@ -43,14 +54,22 @@ def test_there_are_lectures():
 def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
     import papermill
 
-    from helpers import headless
+    from helpers.site import headless
 
     params = {"SMOKE": True, **extra}
     if re.search(r"^CHECK_SOLUTIONS\s*=", parameters_cell(path) or "", re.M):
         params["CHECK_SOLUTIONS"] = True
     out = (tmp_path if extra else executed_dir) / path.name
+    if not extra and out.exists() and "JupyterLab" in json.loads(out.read_text())["metadata"].get("executed_in", ""):
+        # tests/test_lab.py ran this lecture in this session with these parameters, top to bottom in
+        # JupyterLab, and kept its run here: checked, not executed a second time
+        ran = [c for c in json.loads(out.read_text())["cells"]
+               if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+        errors = [o.get("ename") for c in ran for o in c.get("outputs", []) if o["output_type"] == "error"]
+        assert ran and all(c["execution_count"] for c in ran) and not errors, (path.name, errors)
+        return
     try:
-        # helpers.headless: papermill, with the fix of the client's missed wake-ups (a widget lecture
+        # helpers.site.headless: papermill, with the fix of the client's missed wake-ups (a widget lecture
         # could stall until the cell timeout); the notebook is written once, at the end, instead of
         # twice per cell (140 writes of a growing notebook cost lecture 01 3 s); a failure is reported
         # below from papermill's error, which carries the cell and its traceback.
