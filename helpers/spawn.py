@@ -26,7 +26,7 @@ import time
 import uuid
 from multiprocessing.connection import Connection, wait
 
-from helpers import forkserver, stacks
+from helpers import forkserver, progress, stacks
 
 BACKENDS = ("auto", "gloo", "nccl")
 GRACE_S = 0.3  # after a first error, how long to wait for the other ranks' own errors
@@ -57,6 +57,7 @@ def spawn(fn, world_size, args=(), backend="auto", timeout=120, threads=1):
         return values
     finally:
         launch.end(succeeded)
+        progress.launched()          # the count a long cell's line shows (helpers.progress)
 
 
 def check_args(fn, world_size, backend="auto", timeout=120, threads=1):
@@ -105,8 +106,10 @@ def device(rank=None):
 
 
 def warm_up():
-    """Start the fork server now (it imports torch once), so the first launch is a warm one."""
+    """Start the fork server now (it imports torch once), so the first launch is a warm one; in a
+    notebook, a cell that runs longer than 5 s shows how long so far (helpers.progress.watch_cells)."""
     forkserver.server()
+    progress.watch_cells()
 
 
 def describe_launch(world_size, backend="auto"):

@@ -299,6 +299,29 @@ def test_a_progress_line_is_saved_as_one_line_in_its_last_state(tmp_path):
     assert "\n" not in text.strip()
 
 
+
+def test_a_long_cell_shows_one_line_of_its_time_and_a_short_one_none(tmp_path):
+    """watch_cells (warm_up installs it): a cell past its threshold gets one line, updated while it
+    runs and left at "this cell took ... s, N launches of ranks"; a quick cell gets no output; a cell
+    with its own Progress line keeps only that one. Thresholds a tenth of the lectures' 5 s."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from helpers import progress\nprogress.watch_cells(after=0.5, every=0.1)"),
+                nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("import time\nfor _ in range(2):\n    time.sleep(0.6)\n"
+                                          "    progress.launched()"),
+                nbformat.v4.new_code_cell("with progress.Progress(1, 'own') as bar:\n"
+                                          "    time.sleep(1.0)\n    bar.update()")]
+    NotebookClient(nb, kernel_name="python3", timeout=60).execute()
+    assert nb.cells[1].outputs == []
+    lines = [o.data["text/plain"] for o in nb.cells[2].outputs]
+    assert len(lines) == 1 and lines[0].startswith("this cell took ") and lines[0].endswith(", 2 launches of ranks"), lines
+    own = [o.data["text/plain"] for o in nb.cells[3].outputs]
+    assert len(own) == 1 and own[0].startswith("own: 1/1"), own
+
+
 class _LostWakeUp:
     """A shell socket whose message is there, but the first poll's wake-up was lost (the stall of
     helpers/site/headless.py): that poll only ends at its timeout; a new poll reads the events and finds it."""
