@@ -36,9 +36,15 @@ def load(path):
     return run
 
 
+def kept(data=DATA):
+    """The files of the runs kept with the course: data/<machine>-<date>/NN_lecture.json (not
+    data/published/, which holds others' measurements with their citations: helpers.machines)."""
+    return sorted(p for p in Path(data).glob("*/*.json") if p.parent.name != "published")
+
+
 def runs(lecture, data=DATA):
     """Every run of `lecture` kept in data/*/, oldest first ([] when there is none)."""
-    return sorted((load(p) for p in Path(data).glob(f"*/{lecture}.json")), key=lambda r: r["created"])
+    return sorted((load(p) for p in kept(data) if p.stem == lecture), key=lambda r: r["created"])
 
 
 def label(run):

@@ -142,6 +142,74 @@ def test_device_compute_takes_time_but_no_core():
     assert t1 - t0 < 0.05 and time.perf_counter() - t1 >= 0.1
 
 
+
+def _steps(rank, k, alpha, n):
+    """n one-way messages of 4 bytes from rank 0 to rank 1 on a link with latency alpha."""
+    x, go = torch.ones(1), torch.zeros(1)
+    dist.barrier()
+    t0 = time.perf_counter()
+    with standins.paced_link(1.0, alpha):
+        for _ in range(n):
+            dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+    return time.perf_counter() - t0
+
+
+def test_the_paced_link_charges_its_alpha_per_transfer():
+    """Ten messages take at least ten alphas on the receiver (its in-port), and not twice that."""
+    alpha = 0.02
+    took = spawn(_steps, 2, args=(alpha, 10))[1]
+    assert 10 * alpha <= took < 17 * alpha, took
+
+
+def _slowed(rank, k, share, comm_s, compute_s):
+    """Device-like compute of compute_s beside a collective in flight for comm_s (a sleep on the
+    comm thread), under contention(share): its wall time."""
+    from helpers import comm_stream
+
+    with comm_stream.paced(lambda t: time.sleep(comm_s), 1e6), standins.contention(share):
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        t0 = time.perf_counter()
+        standins.device_compute(compute_s)
+        took = time.perf_counter() - t0
+        work.wait()
+    return took
+
+
+def test_contention_slows_compute_only_while_a_collective_is_in_flight():
+    """Compute of C beside a collective of M < C (1 + c): M/(1+c) of its progress is made during
+    the collective, the rest alone: C + M c/(1+c); with no contention, C."""
+    c, comm, compute = 0.5, 0.2, 0.3
+    slowed = spawn(_slowed, 2, args=(c, comm, compute), backend="gloo")
+    plain = spawn(_slowed, 2, args=(0.0, comm, compute), backend="gloo")
+    want = compute + comm * c / (1 + c)                     # 0.367 s
+    # the collective starts a little before the compute (the call returns first): a few ms less
+    assert all(want - 0.005 <= t < want + 0.03 for t in slowed), slowed
+    assert all(compute <= t < compute + 0.03 for t in plain), plain
+
+
+def _streamed(rank, k):
+    from course.ring_math import ring_all_reduce
+    from helpers import comm_stream
+
+    x, y = torch.full((1000,), rank + 1.0), torch.full((10,), 2.0 * rank)
+    with comm_stream.paced(ring_all_reduce, 1e-3, 0.01) as stream:   # 1 MB/s, 10 ms a step
+        first = dist.all_reduce(x, async_op=True)
+        returned = time.perf_counter()
+        dist.all_reduce(y)                                   # queued behind the first
+        first.wait()
+    return x, y, returned - stream.calls[0]["queued"], stream.calls
+
+
+def test_the_comm_stream_runs_the_lectures_algorithm_in_order_on_its_own_thread():
+    """An async all-reduce returns at once; the calls run one after the other, each the ring's
+    2(K-1) paced steps; the sums are the sums."""
+    for x, y, returned, calls in spawn(_streamed, 2, backend="gloo"):
+        assert torch.equal(x, torch.full((1000,), 3.0)) and torch.equal(y, torch.full((10,), 2.0))
+        assert returned < 0.01, "the async call waited for the collective"
+        (a, b) = calls
+        assert b["start"] >= a["end"], "two collectives ran at once on one link"
+        assert a["end"] - a["start"] >= 2 * (0.01 + 2000 / 1e6), "the ring's two steps, paced"
+
 def test_the_recorder_stamps_spans_and_collectives_on_one_axis():
     def fn(rank, k):
         rec = timeline.Recorder()

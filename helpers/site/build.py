@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE_TITLE = "Distributed training, by running it"
+REFERENCE = ("gpu_facts.md",)    # markdown pages beside the lectures, linked from them and the index
 
 
 def lectures(only=None):
@@ -113,7 +114,8 @@ def index_page(executed, figures):
              "measures, and plots the measurement against the formula. The pages below are the "
              "lectures as they ran on the machine named above; to run them yourself, clone the "
              "repository and `make lab`.", "",
-             "```{toctree}", ":hidden:", ":maxdepth: 1", "", *[nb.stem for nb in executed], "```", ""]
+             "```{toctree}", ":hidden:", ":maxdepth: 1", "", *[nb.stem for nb in executed], "```", "",
+             "Reference: [the GPU facts the lectures rely on, with their sources](gpu_facts.md).", ""]
     for nb in executed:
         title, summary = title_and_summary(nb)
         lines += [f"## [{title}]({nb.name})", ""]
@@ -150,6 +152,8 @@ def write_site(executed, out, machine_line):
     figures = images.kept()
     if figures:
         shutil.copytree(images.FOLDER, src / "images", ignore=shutil.ignore_patterns("*.json"))
+    for page in REFERENCE:   # pages the lectures link to, outside the lectures' order (an orphan)
+        (src / page).write_text("---\norphan: true\n---\n" + (ROOT / "notebooks" / page).read_text())
     (src / "index.md").write_text(index_page(executed, figures))
     shutil.rmtree(out, ignore_errors=True)
     app = Sphinx(str(src), str(Path(__file__).with_name("book")), str(out),
