@@ -165,9 +165,11 @@ class Scaled:
         """Seconds of the model that `wall_s` seconds here stand for."""
         return wall_s / self.time
 
-    def terms(self, **model_s):
-        """Rows of a table that says what is to scale: each named term's seconds in the model, and
-        here (the scaled time the stand-ins take); a term given as None is the laptop's own, not in
-        the model (its floor, measured)."""
-        return [{"term": name, "model us": None if s is None else s * 1e6,
-                 "here ms": None if s is None else self.wall(s) * 1e3} for name, s in model_s.items()]
+    def rows(self, rows):
+        """helpers.bench rows of a run on this scaled model, in the model's units: sizes times
+        `bytes`, times over `time`, algbw and busbw times both."""
+        us = ("time_us", "p10_us", "p90_us")
+        gb = self.bytes * self.time
+        return [{**r, "size": r["size"] * self.bytes, **{k: r[k] / self.time for k in us},
+                 "times_us": [t / self.time for t in r.get("times_us", [])],
+                 "algbw": r["algbw"] * gb, "busbw": r["busbw"] * gb} for r in rows]

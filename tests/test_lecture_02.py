@@ -1,17 +1,22 @@
-"""Lecture 02 (NCCL ring math): its shape, its key measured claim with negative controls, the
+"""Lecture 02 (NCCL ring math): its shape, its key measured claims with negative controls, the
 checks moved out of the notebook, and the cost model it added to helpers/cost.py.
 
-The claim (notebooks/02_ring_math.ipynb, sections 4 and 6): on the paced link the chunked ring
-broadcast and the ring all-reduce stay within 25% of their formulas, (K-2+S)(alpha + N/(SB)) and
-2(K-1)(alpha + N/(KB)), with B set by the pacing and alpha, the paced step's, measured apart
-from the checked runs (the slope in m of broadcasts of m 64-KiB chunks). Two negative controls
-move the same bytes and give the same results on a schedule made wrong on purpose, and must fail
-the claim:
+The timed claim (notebooks/02_ring_math.ipynb, sections 4 and 6): on the H100 model (the paced link
+charging each transfer an NVLink ring step of a DGX H100, alpha = 3.4 us and n/B at 450 GB/s, at a
+time scale) the chunked ring broadcast and the ring all-reduce stay within 25% of their formulas,
+(K-2+S)(alpha + N/(SB)) and 2(K-1)(alpha + N/(KB)), with the model's alpha and B: nothing of the
+formula is measured. Two negative controls move the same bytes and give the same results on a
+schedule made wrong on purpose, and must fail the claim: wrong algorithms, which fail whatever
+the machine's ratio of alpha to N/B:
 - a serialised ring all-reduce: each rank sends only after the rank before it has passed its
   chunk on (a token going round), so the K transfers of a step follow each other: about K times
   the formula;
 - a store-and-forward chunked broadcast: a rank passes no chunk on before it holds them all, so
   the chunks do not pipeline: (K-1) S steps instead of K-2+S.
+
+The published claim (section 6): the ring's published busbw plateau on 8 H100s lies between 0.75
+and 1 of the model's ring (machinery.l02_published.assert_plateau); a wrong machine, the A100's
+NVLink held against the H100's plateau, must fail it.
 
 Section 6 tells a student how to turn the ring the other way (issue 33's trial); the recipe, applied
 to the lecture's source, must give a ring that sends left and sums right, and half of it (the
@@ -34,32 +39,24 @@ import torch.distributed as dist
 from course import ring_math
 from course.ring_math import (assert_near_model, exchange, ring_all_gather, ring_all_reduce,
                               ring_broadcast, ring_reduce_scatter)
-from helpers import bench, cost, standins, trace
+from helpers import bench, cost, machines, standins, trace
 from helpers.site import shape
+from machinery import l02_published as published, l02_ring_figures as ring_figures
 from helpers.spawn import spawn
 
-GBPS = 0.02          # the paced link: 256 KiB take 13 ms
-NBYTES = 2**20       # all-reduce steps of N/K = 17 to 26 ms, broadcast chunks of 6.6 ms
-STEPS, STEP_BYTES = [1, 2, 4, 8, 16], 2**16   # broadcasts of m chunks of 64 KiB
+SCALE = 1000                                      # 1 us of the H100 model: 1 ms here
+H100 = machines.Scaled(machines.H100, time=SCALE, bytes=64)
+GBPS, ALPHA_HERE = H100.link()
+ALPHA, BW = machines.link(machines.H100)          # the model's: 3.4 us, 450 GB/s
+NBYTES = 32 * 2**20                               # the model's N (sent here: N / 64)
 LECTURE = Path(shape.NOTEBOOKS) / "02_ring_math.ipynb"
 
 
-def _in_steps(x, root):
-    ring_broadcast(x, root, n_chunks=x.numel() * x.element_size() // STEP_BYTES)
-
-
-def _paced_step(k):
-    """(alpha, B) of a step of the paced link as the lecture measures them: B set by the pacing
-    (the real loopback transfer behind the sleep, about 1% of it, left out here), alpha from
-    broadcasts of m chunks of 64 KiB (K-2+m steps): the slope in m less the step's bytes."""
-    rows = bench.sweep({"steps": ("broadcast", standins.paced(_in_steps, GBPS))},
-                       world_sizes=[k], sizes=[m * STEP_BYTES for m in STEPS], warmup=1,
-                       iters=6, method="per-call", backend="gloo", progress=False)
-    assert all(r["wrong"] == 0 for r in rows)
-    bw = GBPS * 1e9
-    alpha = np.polyfit(STEPS, [r["time_us"] * 1e-6 for r in rows], 1)[0] - STEP_BYTES / bw
-    assert alpha > 0
-    return alpha, bw
+def _on_the_model(plan, ks):
+    rows = bench.sweep(plan, world_sizes=ks, sizes=[NBYTES // 64], warmup=1, iters=5,
+                       interleave=True, method="per-call", backend="gloo", progress=False)
+    assert all(r["wrong"] == 0 for r in rows), "every schedule must deliver right: only time differs"
+    return H100.rows(rows)
 
 
 def serialised_ring_all_reduce(x):
@@ -98,16 +95,14 @@ def store_and_forward_broadcast(x, root, n_chunks=1):
             exchange(chunk, right, nothing, left)
 
 
-def test_the_ring_meets_its_formula_on_the_paced_link_and_a_serialised_ring_does_not():
-    alpha, bw = _paced_step(3)
-    plan = {"ring": ("all_reduce", standins.paced(ring_all_reduce, GBPS)),
-            "serialised": ("all_reduce", standins.paced(serialised_ring_all_reduce, GBPS))}
-    rows = bench.sweep(plan, world_sizes=[2, 3], sizes=[NBYTES], warmup=1, iters=5,
-                       interleave=True, method="per-call", backend="gloo", progress=False)
-    assert all(r["wrong"] == 0 for r in rows), "both rings must sum right: only the schedule differs"
+def test_the_ring_meets_its_formula_on_the_model_and_a_serialised_ring_does_not():
+    plan = {"ring": ("all_reduce", standins.paced(ring_all_reduce, GBPS, ALPHA_HERE)),
+            "serialised": ("all_reduce", standins.paced(serialised_ring_all_reduce, GBPS,
+                                                        ALPHA_HERE))}
+    rows = _on_the_model(plan, [2, 3])
 
     def model(r):
-        return cost.ring_all_reduce(r["size"], r["world_size"], bw, alpha)
+        return cost.ring_all_reduce(NBYTES, r["world_size"], BW, ALPHA)
 
     right = [r for r in rows if r["collective"] == "ring"]
     wrong = [r for r in rows if r["collective"] == "serialised"]
@@ -120,21 +115,27 @@ def test_the_ring_meets_its_formula_on_the_paced_link_and_a_serialised_ring_does
 
 def test_the_chunked_broadcast_meets_its_formula_and_a_store_and_forward_one_does_not():
     k, s = 3, 8
-    alpha, bw = _paced_step(k)
     plan = {"pipelined": ("broadcast", standins.paced(
-                functools.partial(ring_broadcast, n_chunks=s), GBPS)),
+                functools.partial(ring_broadcast, n_chunks=s), GBPS, ALPHA_HERE)),
             "store-and-forward": ("broadcast", standins.paced(
-                functools.partial(store_and_forward_broadcast, n_chunks=s), GBPS))}
-    rows = bench.sweep(plan, world_sizes=[k], sizes=[NBYTES], warmup=1, iters=5,
-                       interleave=True, method="per-call", backend="gloo", progress=False)
-    assert all(r["wrong"] == 0 for r in rows), "both broadcasts deliver the root's data"
-    model = lambda r: cost.chunked_ring_broadcast(r["size"], k, s, bw, alpha)  # noqa: E731
+                functools.partial(store_and_forward_broadcast, n_chunks=s), GBPS, ALPHA_HERE))}
+    rows = _on_the_model(plan, [k])
+    model = lambda r: cost.chunked_ring_broadcast(NBYTES, k, s, BW, ALPHA)  # noqa: E731
     assert_near_model([r for r in rows if r["collective"] == "pipelined"], model)
     wrong = [r for r in rows if r["collective"] == "store-and-forward"]
     with pytest.raises(AssertionError, match="off the formula"):
         assert_near_model(wrong, model)
     # (K-1) S = 16 steps of N/(SB) against K-2+S = 9: about 16/9 of the formula
     assert all(r["time_us"] * 1e-6 / model(r) > 1.4 for r in wrong)
+
+
+def test_the_published_ring_plateau_meets_the_model_and_a_wrong_machine_does_not():
+    model, plateau = published.assert_plateau(machines.H100)
+    assert 440 < model < 450 and all(360 <= p <= 375 for p in plateau)
+    published.assert_plateau(machines.A100)                    # its own plateau, ~230 of ~300
+    a100_links = machines.Machine(**{**machines.H100.__dict__, "nvlink_bw": machines.A100.nvlink_bw})
+    with pytest.raises(AssertionError, match="published ring busbw"):
+        published.assert_plateau(a100_links)
 
 
 def test_the_claim_uses_the_model_it_is_given():

@@ -1,13 +1,17 @@
 """Lecture 03's measured claims, each on a right run and on a run made wrong on purpose, which must
-fail it. SMOKE-sized; the timed claims run on the paced link (lecture 02's stand-in), whose ranks
-sleep, so a loaded machine moves them by a few percent of their tolerance.
+fail it. SMOKE-sized; the timed claims run on the H100 model (lecture 02's paced link with an
+NVLink ring step, scaled), whose ranks sleep, so a loaded machine moves them by a few percent of
+their tolerance.
 
 - the key claim (section 5): one call per barrier measures a chain broadcast's latency, (K-1) hops,
   where nccl-tests' loop measures its throughput, about one hop per call (course.benchmarking.
   chain_ratio). A star broadcast (the root sends to each rank in turn: nothing to pipeline) has the
   same latency and no pipeline, and must fail it.
-- busbw reads the link back (section 3): lecture 02's ring on links of B GB/s has busbw ~ B. The
-  same ring with each step serialised (send, then receive) takes twice as long and must fail it.
+- busbw reads the link back (section 3): lecture 02's ring on the H100 model's NVLink has busbw
+  near its B. The same ring with each step serialised (send, then receive) takes twice as long and
+  must fail it.
+- nccl-tests' definitions (the optional section): NVIDIA's published 8-GPU table has algbw = S/t
+  and busbw = 2(K-1)/K algbw; an all-gather's factor (K-1)/K must fail it.
 - a GPU's floor (section 8, the runs kept in data/): one GPU's out-of-place all-gather and
   reduce-scatter at 256 MiB take one copy at lecture 00's device-to-device rate on that GPU; the
   other GPU's rate (the H100's for the H200's run, and back) must fail it.
@@ -19,12 +23,15 @@ import torch
 import torch.distributed as dist
 
 from course.benchmarking import (assert_busbw_reads_the_link, assert_latency_is_not_throughput,
-                                 assert_the_copy_sets_the_loop, chain_ratio)
+                                 assert_nccl_tests_definitions, assert_the_copy_sets_the_loop,
+                                 chain_ratio)
 from course.ring_math import exchange, ring_all_reduce, ring_reduce_scatter
-from helpers import archive, bench, standins
+from helpers import archive, bench, machines, standins
 from machinery import l00_hardware as hardware
 
-GBPS = 0.02                 # the paced link of the lecture: 20 MB/s per port
+H100 = machines.Scaled(machines.H100, time=300, bytes=256)   # the lecture's H100 model
+GBPS, ALPHA = H100.link()
+B = machines.H100.nvlink_bw / 1e9
 
 
 def chain_broadcast(x, root):
@@ -86,10 +93,10 @@ def test_the_chain_model_has_its_limits():
 
 
 def test_key_claim_latency_is_not_throughput_and_its_negative_control():
-    plan = {"chain": ("broadcast", standins.paced(chain_broadcast, GBPS)),
-            "star": ("broadcast", standins.paced(star_broadcast, GBPS))}
-    loop, per_call = (bench.sweep(plan, [3], [2**19], warmup=1, iters=5, rounds=2, method=m,
-                                  interleave=True, backend="gloo", progress=False)
+    plan = {"chain": ("broadcast", standins.paced(chain_broadcast, GBPS, ALPHA)),
+            "star": ("broadcast", standins.paced(star_broadcast, GBPS, ALPHA))}
+    loop, per_call = (bench.sweep(plan, [3], [2**25 // 256], warmup=1, iters=5, rounds=2,
+                                  method=m, interleave=True, backend="gloo", progress=False)
                       for m in ("nccl-tests", "per-call"))
     pick = lambda rows, name: [r for r in rows if r["collective"] == name]  # noqa: E731
     assert_latency_is_not_throughput(pick(loop, "chain"), pick(per_call, "chain"), 5)
@@ -98,16 +105,24 @@ def test_key_claim_latency_is_not_throughput_and_its_negative_control():
 
 
 def test_busbw_reads_the_link_and_a_serialised_ring_does_not():
-    rows = bench.sweep({"ring": ("all_reduce", standins.paced(ring_all_reduce, GBPS)),
-                        "serial": ("all_reduce", standins.paced(serial_ring_all_reduce, GBPS))},
-                       [2], [2**20], warmup=1, iters=3, rounds=2, interleave=True,
-                       backend="gloo", progress=False)
+    rows = H100.rows(bench.sweep(
+        {"ring": ("all_reduce", standins.paced(ring_all_reduce, GBPS, ALPHA)),
+         "serial": ("all_reduce", standins.paced(serial_ring_all_reduce, GBPS, ALPHA))},
+        [2], [2**27 // 256], warmup=1, iters=3, rounds=2, interleave=True, backend="gloo",
+        progress=False))
     right = [r for r in rows if r["collective"] == "ring"]
     wrong = [r for r in rows if r["collective"] == "serial"]
-    assert_busbw_reads_the_link(right, GBPS)
+    assert_busbw_reads_the_link(right, B)
     assert wrong[0]["wrong"] == 0                          # right values, twice the time
     with pytest.raises(AssertionError, match="busbw"):
-        assert_busbw_reads_the_link(wrong, GBPS)
+        assert_busbw_reads_the_link(wrong, B)
+
+
+def test_the_published_table_meets_nccl_tests_definitions_and_an_all_gathers_factor_does_not():
+    doc = machines.published("h100_8gpu_all_reduce_dgxc")
+    assert_nccl_tests_definitions(doc["rows"], doc["gpus"])
+    with pytest.raises(AssertionError):
+        assert_nccl_tests_definitions(doc["rows"], doc["gpus"], "all_gather")
 
 
 def test_the_harness_counts_a_wrong_collective():

@@ -1,6 +1,6 @@
 """Lecture 03's pieces that later lectures reuse, exactly as notebooks/03_benchmarking.ipynb shows them
 (its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
-from helpers import plots
+from helpers import cost, plots
 
 
 def assert_busbw_reads_the_link(rows, gbps, lowest=0.8):
@@ -38,3 +38,11 @@ def assert_the_copy_sets_the_loop(rows, d2d_gbps, rtol=0.10):
         assert abs(r["time_us"] / model - 1) <= rtol, (r["collective"], model)
     return [{"collective": r["collective"], "n": plots.bytes_label(n),
              "loop us": r["time_us"], "2n/D2D us": model} for r in out]
+
+def assert_nccl_tests_definitions(rows, k, collective="all_reduce", rtol=0.01):
+    """Rows (bytes, time us, algbw, busbw) of an nccl-tests table on k ranks, from
+    1 MiB: algbw = S/t and busbw = algbw x the collective's factor, within rtol."""
+    factor = cost.busbw_factor(collective, k)
+    for size, t_us, algbw, bus in (r for r in rows if r[0] >= 2**20):
+        assert abs(algbw - size / t_us / 1e3) <= rtol * algbw, (size, algbw)
+        assert abs(bus - factor * algbw) <= rtol * bus, (size, bus, factor * algbw)

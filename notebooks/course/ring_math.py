@@ -31,7 +31,7 @@ def ring_broadcast(x, root, n_chunks=1):
 
 def assert_near_model(rows, model, tol=0.25):
     """The lecture's measured claim: every row of bench.sweep within tol of model(row),
-    the formula's seconds, whose alpha and B were measured apart from these rows."""
+    the formula's seconds, whose alpha and B do not come from these rows."""
     off = {(r["collective"], r["world_size"]): r["time_us"] * 1e-6 / model(r) - 1
            for r in rows}
     far = {key: f"{v:+.0%}" for key, v in off.items() if abs(v) >= tol}

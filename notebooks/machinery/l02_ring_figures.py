@@ -109,16 +109,17 @@ def errorbars(ax, xs, rows, **kw):
                       [(r["p90_us"] - r["time_us"]) / 1e3 for r in rows]], capsize=3, **kw)
 
 
-def beside_model(rows, model, label):
+def beside_model(rows, model, label, what="measured"):
     """bench.sweep rows beside a model, as (table rows, columns) for report.table: label(row)'s
-    columns, the measured median and its spread (ms), the model's time (ms), their ratio, and
-    whether the model lies inside the spread (then the two are not distinguishable here)."""
+    columns, the rows' median and its spread (ms), the model's time (ms), their ratio, and
+    whether the model lies inside the spread (then the two are not distinguishable here). what:
+    how the rows' times were had ("on the model" for a scaled model's, machines.Scaled.rows)."""
     spread = timing.spread_label(len(rows[0]["times_us"]))
     out = []
     for r in rows:
         t = model(r)
-        out.append({**label(r), "measured (ms)": r["time_us"] / 1e3,
-                    f"{spread} (ms)": f"{r['p10_us'] / 1e3:.1f}-{r['p90_us'] / 1e3:.1f}",
-                    "formula (ms)": t * 1e3, "measured / formula": r["time_us"] * 1e-6 / t,
+        out.append({**label(r), f"{what} (ms)": r["time_us"] / 1e3,
+                    f"{spread} (ms)": f"{r['p10_us'] / 1e3:.3g}-{r['p90_us'] / 1e3:.3g}",
+                    "formula (ms)": t * 1e3, f"{what} / formula": r["time_us"] * 1e-6 / t,
                     "formula in spread": r["p10_us"] <= t * 1e6 <= r["p90_us"]})
     return out, list(out[0])

@@ -1,6 +1,8 @@
-"""Lecture 04's machinery for section 4, which the lecture uses and does not teach: a paced
-all-reduce (a link that costs time but no core), the ranks' timed repetitions of the lecture's
-step functions, their tables and timelines, and the CPU time a collective takes (section 2's GPU
+"""Lecture 04's machinery for section 4, which the lecture uses and does not teach: the ranks'
+timed repetitions of the lecture's step functions on the H100 model (lecture 02's ring over the
+paced link on a comm thread of its own, helpers.comm_stream; device-like compute slowed while the
+ring runs, standins.contention) or on the real gloo all-reduce beside real matmuls (the optional
+section), their tables and timelines, and the CPU time a collective takes (section 2's GPU
 instruments are in notebooks/machinery/l04_events.py).
 
 Every time here is the host clock (perf_counter, helpers.timing's CPU clock) read around the
@@ -14,58 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers import cost, standins, timing
+from helpers import comm_stream, standins, timing
 
 # ---------------------------------------------------------------------------- section 4 (CPU)
-
-class _PacedWork:
-    """An all-reduce's work whose wait() also waits until the paced link is through."""
-
-    def __init__(self, work, start, due, spans):
-        self._work, self._start, self._due, self._spans = work, start, due, spans
-        self._done = []
-        self._stamp = work.get_future().then(lambda _: self._done.append(time.perf_counter()))
-
-    def wait(self, *args, **kwargs):
-        self._work.wait(*args, **kwargs)
-        left = self._due - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
-        self._stamp.wait()
-        if self._spans is not None:    # when the all-reduce itself ended: data and link through
-            self._spans.append(("all-reduce", self._start, max(self._due, self._done[0])))
-        return True
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-@contextlib.contextmanager
-def paced_all_reduce(gbps, spans=None):
-    """Inside: dist.all_reduce takes at least a ring's time on links of `gbps` GB/s from its call,
-    2(K-1)/K x bytes / gbps (cost.ring_all_reduce), on a clock that needs no core: its work's
-    wait() returns once the real all-reduce is done and that time has passed. The link carries one
-    all-reduce at a time: a call made while an earlier one is on it starts when that one is
-    through (two halves of a tensor take the whole one's time). The caller is free until then, as
-    it would be with a GPU's link. Sleeps on the host: gloo only. `spans`: a list that gets
-    ("all-reduce", start, end) per call, host clock."""
-    real, free = dist.all_reduce, [0.0]     # free: when the link is through with its last call
-    if dist.get_backend() != "gloo":
-        raise RuntimeError("the paced all-reduce sleeps on the host: run it on gloo")
-
-    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        k = dist.get_world_size(group)
-        nbytes = tensor.numel() * tensor.element_size()
-        start = max(time.perf_counter(), free[0])          # when the link takes it
-        due = free[0] = start + cost.ring_all_reduce(nbytes, k, gbps * 1e9)
-        work = _PacedWork(real(tensor, op=op, group=group, async_op=True), start, due, spans)
-        return work if async_op else work.wait()
-
-    dist.all_reduce = all_reduce
-    try:
-        yield
-    finally:
-        dist.all_reduce = real
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,54 +47,65 @@ class _Spanned:
         return self.last
 
 
-def overlap_rank(rank, world_size, steps, numel, ratios, repeats, gbps=None, kind="device-like"):
-    """In each rank: per repetition (a barrier before each timed call), for each ratio, the
-    all-reduce of `numel` float32 alone, the compute alone (ratio x the all-reduce's time:
-    device_compute seconds, or that many seconds of `matmuls`), and each step of `steps`
-    ({name: fn(x, compute)}) with both. gbps: the paced all-reduce (else the real one). Returns
-    {"stamps": {(ratio, variant): [(seconds, spans)]}, "cpu": [share of a core], "sizes"}."""
+def _computes(kind, sizes, t_comm):
+    """{label: compute()}: device-like compute of `sizes` seconds, or (kind "matmul", sizes the
+    ratios to the all-reduce's measured time) chains of matmuls; and their reference results."""
+    if kind != "matmul":
+        return {r: functools.partial(standins.device_compute, s) for r, s in sizes.items()}, {}
+    t_mm = statistics.median(timing.measure(lambda: matmuls(1), 2, 7))
+    mean = torch.tensor([t_mm], dtype=torch.float64)
+    dist.all_reduce(mean)                           # every rank picks the same sizes
+    k = {r: max(1, round(r * t_comm / (mean.item() / dist.get_world_size()))) for r in sizes}
+    return ({r: functools.partial(matmuls, n) for r, n in k.items()},
+            {r: matmuls(n) for r, n in k.items()})
+
+
+def overlap_rank(rank, world_size, steps, numel, sizes, repeats, link=None, shares=(0.0,),
+                 kind="device-like"):
+    """In each rank: per repetition (a barrier before each timed call), for each contention share,
+    for each compute of `sizes` ({label: seconds of device-like compute}; kind "matmul": {ratio:
+    ratio} of matmuls to the all-reduce's measured time), the all-reduce of `numel` float32 alone,
+    the compute alone, and each step of `steps` ({name: fn(x, compute)}) with both. link: (gbps,
+    alpha_s) of a scaled model (helpers.machines.Scaled.link): every all-reduce is lecture 02's
+    ring over that paced link on the comm thread; None: gloo's own. Returns {"stamps": {(label,
+    share, variant): [(seconds, spans)]}, "cpu": [share of a core], "t_comm"}."""
+    from course.ring_math import ring_all_reduce
+
     x = torch.empty(numel)
     total = world_size * (world_size + 1) / 2       # ranks add 1, 2, ..., K: exact in float32
     spans = []
-    pacing = paced_all_reduce(gbps, spans) if gbps else contextlib.nullcontext()
-    with pacing:
+    stream = comm_stream.paced(ring_all_reduce, *link) if link else contextlib.nullcontext()
+    with stream as s:
         for _ in range(3):
             dist.all_reduce(x)
         t_comm = statistics.median(timing.measure(lambda: dist.all_reduce(x), 1, 5))
-        if gbps:
-            t_comm = cost.ring_all_reduce(numel * 4, world_size, gbps * 1e9)   # the model's
-        t_mm = statistics.median(timing.measure(lambda: matmuls(1), 2, 7))
-        mean = torch.tensor([t_comm, t_mm], dtype=torch.float64)
-        dist.all_reduce(mean)                       # every rank picks the same sizes
-        t_comm, t_mm = (mean / world_size).tolist()
-        if kind == "matmul":
-            sizes = {r: max(1, round(r * t_comm / t_mm)) for r in ratios}
-            computes = {r: functools.partial(matmuls, k) for r, k in sizes.items()}
-            reference = {r: matmuls(k) for r, k in sizes.items()}
-        else:
-            sizes = {r: r * t_comm for r in ratios}
-            computes = {r: functools.partial(standins.device_compute, s) for r, s in sizes.items()}
+        computes, reference = _computes(kind, sizes, t_comm)
         variants = {"comm alone": lambda x, c: dist.all_reduce(x),
                     "compute alone": lambda x, c: c(), **steps}
-        out = {"stamps": {}, "cpu": [], "sizes": sizes, "t_comm": t_comm}
+        out = {"stamps": {}, "cpu": [], "t_comm": t_comm}
         for _ in range(repeats):                    # interleaved: a change of load hits all alike
-            for r in ratios:
-                for variant, fn in variants.items():
-                    x.fill_(rank + 1)
-                    spans.clear()
-                    compute = _Spanned(computes[r], spans)
-                    dist.barrier()
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    fn(x, compute)
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    if variant == "comm alone":     # CPU time of the collective only
-                        out["cpu"].append((c1 - c0) / (t1 - t0))
-                    if variant != "compute alone":
-                        assert torch.equal(x, torch.full_like(x, total)), "a wrong sum"
-                    if kind == "matmul" and variant != "comm alone":
-                        assert torch.equal(compute.last, reference[r]), "the compute changed"
-                    rel = [(n, s - t0, e - t0) for n, s, e in spans]
-                    out["stamps"].setdefault((r, variant), []).append((t1 - t0, rel))
+            for share in shares:
+                with standins.contention(share):
+                    for r in computes:
+                        for variant, fn in variants.items():
+                            x.fill_(rank + 1)
+                            spans.clear()
+                            compute = _Spanned(computes[r], spans)
+                            first = len(s.calls) if s else 0
+                            dist.barrier()
+                            c0, t0 = time.process_time(), time.perf_counter()
+                            fn(x, compute)
+                            t1, c1 = time.perf_counter(), time.process_time()
+                            if variant == "comm alone":     # CPU time of the collective only
+                                out["cpu"].append((c1 - c0) / (t1 - t0))
+                            if variant != "compute alone":
+                                assert torch.equal(x, torch.full_like(x, total)), "a wrong sum"
+                            if reference and variant != "comm alone":
+                                assert torch.equal(compute.last, reference[r]), "the compute changed"
+                            calls = s.calls[first:] if s else []
+                            rel = [(n, a - t0, e - t0) for n, a, e in spans] + \
+                                [("all-reduce", c["start"] - t0, c["end"] - t0) for c in calls]
+                            out["stamps"].setdefault((r, share, variant), []).append((t1 - t0, rel))
     return out
 
 
@@ -150,32 +114,37 @@ def slowest(runs, key):
     return [max(t for t, _ in reps) for reps in zip(*(run["stamps"][key] for run in runs))]
 
 
-def step_rows(runs, model_s=None):
-    """One row per ratio of overlap_rank's runs: the medians (ms, slowest rank per repetition) of
-    every variant and their ratio compute / comm, the ideal max(comm, compute) of the measured
-    medians, overlapped minus ideal, the series' overlap ((comm + compute - overlapped) / comm,
-    CONTRIBUTING.md), the spreads over the repetitions of the overlapped step and of the longer
-    piece alone, and whether they overlap (the difference is then not distinguishable here);
-    with model_s (the paced all-reduce's time), the models' comm and compute."""
+def step_rows(runs, comm_model_s=None, compute_model_s=None, label="ratio"):
+    """One row per (compute, contention share) of overlap_rank's runs: the medians (ms, slowest
+    rank per repetition) of every variant and their ratio compute / comm, the ideal max(comm,
+    compute) of the measured medians, overlapped minus ideal, the series' overlap ((comm + compute
+    - overlapped) / comm, CONTRIBUTING.md), the spreads over the repetitions of the overlapped step
+    and of the longer piece alone, and whether they overlap (the difference is then not
+    distinguishable here). With the models (the all-reduce's seconds, {label: compute's seconds}):
+    their comm and compute, the sequential step's M + C, and the overlapped step's with
+    contention c, max(M, C + M c/(1 + c)) (the compute runs 1 + c times slower while the
+    all-reduce runs)."""
     keys = list(runs[0]["stamps"])
-    variants = list(dict.fromkeys(v for _, v in keys))
+    variants = list(dict.fromkeys(v for _, _, v in keys))
     rows = []
-    for r in sorted({r for r, _ in keys}):
-        med = {v: statistics.median(slowest(runs, (r, v))) * 1e3 for v in variants}
-        over = [t * 1e3 for t in slowest(runs, (r, "overlapped"))]
-        s, label = timing.summary(over), timing.spread_label(len(over))
+    for r, c in sorted({(r, c) for r, c, _ in keys}):
+        med = {v: statistics.median(slowest(runs, (r, c, v))) * 1e3 for v in variants}
+        over = [t * 1e3 for t in slowest(runs, (r, c, "overlapped"))]
+        s, spread = timing.summary(over), timing.spread_label(len(over))
         longer = max(("comm alone", "compute alone"), key=med.get)
-        ideal, p = med[longer], timing.summary([t * 1e3 for t in slowest(runs, (r, longer))])
-        row = {"ratio": r, "measured ratio": med["compute alone"] / med["comm alone"],
+        ideal, p = med[longer], timing.summary([t * 1e3 for t in slowest(runs, (r, c, longer))])
+        row = {label: r, "contention": c, "measured ratio": med["compute alone"] / med["comm alone"],
                **{v.replace(" alone", "") + " ms": m for v, m in med.items()},
                "ideal ms": ideal, "overlapped - ideal": med["overlapped"] - ideal,
                "overlap": (med["comm alone"] + med["compute alone"] - med["overlapped"])
                / med["comm alone"],
-               f"overlapped {label}": f"{s['p10']:.1f}-{s['p90']:.1f}",
-               f"ideal {label}": f"{p['p10']:.1f}-{p['p90']:.1f}",
+               f"overlapped {spread}": f"{s['p10']:.1f}-{s['p90']:.1f}",
+               f"ideal {spread}": f"{p['p10']:.1f}-{p['p90']:.1f}",
                "spreads overlap": s["p10"] <= p["p90"] and p["p10"] <= s["p90"]}
-        if model_s:
-            row.update({"comm model ms": model_s * 1e3, "compute model ms": r * model_s * 1e3})
+        if comm_model_s is not None:
+            m, k = comm_model_s * 1e3, compute_model_s[r] * 1e3
+            row.update({"comm model ms": m, "compute model ms": k, "sequential model ms": m + k,
+                        "overlapped model ms": max(m, k + m * c / (1 + c))})
         rows.append(row)
     return rows
 

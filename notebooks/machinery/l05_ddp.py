@@ -12,7 +12,8 @@
 The paced all-reduce is a stand-in, like helpers.standins.paced_link (which paces point-to-point
 calls): every `dist.all_reduce` of the code inside also takes alpha + 2(K-1)/K n / B on a link
 that carries one all-reduce at a time and needs no core (a host sleep when the work is waited
-for), as a GPU's copy engines and NIC would. An all-reduce starts on the link when the LAST rank
+for), as NCCL's kernels leave a GPU's host free (they take some of its SMs instead: notebooks/
+gpu_facts.md, items 1 and 6). An all-reduce starts on the link when the LAST rank
 has launched it (a one-number MAX all-reduce of the ranks' launch clocks, perf_counter being one
 system-wide monotonic clock) or when the one before it is through, whichever is later: so it ends
 at the same time on every rank. The real all-reduce runs too (the values are right), in parallel;

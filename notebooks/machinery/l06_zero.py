@@ -8,7 +8,8 @@ forward timeline. It wraps the lecture's plain code (course.zero) and torch's FS
 - bytes held: the storages behind a set of tensors, each storage once (a view counts once);
 - the paced all-gather: `dist.all_gather_single` inside the context completes no earlier than
   `seconds` after the link is free (one gather at a time on the link, a clock that needs no core:
-  the host sleeps in wait()), as a GPU's all-gather runs on its own engine while the cores compute;
+  the host sleeps in wait()), as a GPU's all-gather runs as NCCL's kernel on a few SMs while the
+  host computes (overlap on a GPU takes SMs from compute: notebooks/gpu_facts.md, item 6);
   the real gather is issued at once and runs inside that time (a gather is done at the later of
   the two; microseconds here). A gloo-only stand-in, like standins.paced_link;
 - the forward timeline: each unit's forward as a span (forward hooks, helpers.timeline.Recorder),
