@@ -25,7 +25,9 @@ A second measurement, named as such (method="per-call", --method per-call): a ba
 call, each call timed on every rank, per call the slowest rank's time, then the median and the
 10th-90th percentiles over the calls. It measures the distribution of one call's latency, including
 the barrier's release skew: useful on a noisy machine or for a latency-bound call, not comparable
-with nccl-tests' numbers (lecture 03 runs both and shows where they differ).
+with nccl-tests' numbers (lecture 03 runs both and shows where they differ). On a GPU its start event
+is recorded on a stream with nothing queued, so every per-call time, at any K, includes the host's
+launch of the collective, which nccl-tests' loop spreads over its calls.
 
 Any callable can be benchmarked in place of the library's collective, as long as it has the same
 meaning: pass `{"my ring": ("all_reduce", my_ring_all_reduce)}` and the harness makes the buffers,
