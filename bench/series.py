@@ -151,9 +151,9 @@ def main():
     revs = [a.base, "HEAD"] if a.base else ["HEAD"]
     if a.html:
         compare(html_run, revs)
-    elif a.test:
+    if a.test:                  # both flags: the site's run, then the tests'
         compare(test_run, revs)
-    else:
+    if not (a.html or a.test):
         series(a.only, a.full)
 
 
