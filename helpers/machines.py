@@ -47,6 +47,11 @@ SOURCES = {
                    "Simple); a ring's latency = base + nsteps x the link's latency, nsteps = 2(K-1) for "
                    "an all-reduce (line 289, 401-412); ring LL bandwidth = min(llMaxBw, 0.5 B) (line "
                    "327; llMaxBw 87.7 GB/s Ampere, 141 Hopper, lines 180-181), LL128 0.92 B (line 329)",
+    "nccl-net": "NCCL's maintainers on a ring across nodes: it spreads its channels over the node's NICs, so "
+                "the node's NICs together bound its busbw: \"On an Nvidia DGX-A100 system we have 8x200Gbit/s "
+                "IB cards and we measure 192GB/s AllReduce BusBW\" (github.com/NVIDIA/nccl/issues/812, "
+                "NVIDIA, 2023-03-31); \"you can add more NICs and you should get more bandwidth, up to "
+                "160GB/s which is the NVLink intra-node bandwidth\" (nccl/issues/412, NVIDIA, 2023-04-24)",
     "contention": "Lee et al. 2025, Characterizing Compute-Communication Overlap in GPU-Accelerated "
                   "Distributed Deep Learning, arXiv:2507.03114: on A100, H100, MI250 and MI210, "
                   "compute overlapped with communication slowed by 18.9 % on average, 40.0 % at most, "
@@ -103,11 +108,21 @@ def source(machine, figure):
     return SOURCES[machine.sources[figure]]
 
 
+def ring_bw(machine, nodes=1):
+    """B of a ring, per GPU and direction: NVLink inside a node; across nodes NCCL's channels leave
+    the node through all its NICs, so the node's NICs together bound it, and NVLink still does
+    (SOURCES["nccl-net"]): min(NVLink, GPUs per node x one NIC)."""
+    if nodes == 1:
+        return machine.nvlink_bw
+    return min(machine.nvlink_bw, machine.gpus_per_node * machine.nic_bw)
+
+
 def link(machine, nodes=1):
-    """(alpha, B) of one ring step in NCCL's bandwidth protocol (Simple): NVLink inside a node, the
-    GPU's own NIC across nodes (a ring that leaves the node moves at its slowest link's B)."""
+    """(alpha, B) of one ring step in NCCL's bandwidth protocol (Simple): NVLink's step latency
+    inside a node, the network's across nodes (an upper bound there: only 2(nodes-1) of a ring's
+    steps leave a node, ring_all_reduce), and the ring's B (ring_bw)."""
     where = "nvlink" if nodes == 1 else "net"
-    return RING_STEP[where]["Simple"], machine.nvlink_bw if nodes == 1 else machine.nic_bw
+    return RING_STEP[where]["Simple"], ring_bw(machine, nodes)
 
 
 def ring_all_reduce(machine, n, k, nodes=1, protocol=None):
@@ -116,7 +131,7 @@ def ring_all_reduce(machine, n, k, nodes=1, protocol=None):
     latency, plus 2(K-1)/K n over the protocol's share of the ring's B; the fastest protocol unless
     one is named. No NVLS, tree or CollNet: the ring only."""
     steps, inter = 2 * (k - 1), 2 * (nodes - 1)
-    bw = machine.nvlink_bw if nodes == 1 else machine.nic_bw
+    bw = ring_bw(machine, nodes)
     times = {}
     for p in ([protocol] if protocol else PROTOCOLS):
         share = min(LL_MAX_BW[machine.arch], SHARE[p] * bw) if p == "LL" else SHARE[p] * bw
