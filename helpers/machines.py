@@ -47,6 +47,9 @@ SOURCES = {
                    "Simple); a ring's latency = base + nsteps x the link's latency, nsteps = 2(K-1) for "
                    "an all-reduce (line 289, 401-412); ring LL bandwidth = min(llMaxBw, 0.5 B) (line "
                    "327; llMaxBw 87.7 GB/s Ampere, 141 Hopper, lines 180-181), LL128 0.92 B (line 329)",
+    "nccl-topo": "NCCL 2.30.7, src/graph/topo.h (tag v2.30.7-1): SM80_NVLINK_BW 20.0 and SM90_NVLINK_BW 20.6 "
+                 "(lines 21-22), GB/s per NVLink, used as count x that figure per GPU pair "
+                 "(src/graph/topo.cc:830-857); a link's line rate is 25 GB/s each way (nccl-tests/issues/149)",
     "nccl-net": "NCCL's maintainers on a ring across nodes: it spreads its channels over the node's NICs, so "
                 "the node's NICs together bound its busbw: \"On an Nvidia DGX-A100 system we have 8x200Gbit/s "
                 "IB cards and we measure 192GB/s AllReduce BusBW\" (github.com/NVIDIA/nccl/issues/812, "
@@ -108,13 +111,19 @@ def source(machine, figure):
     return SOURCES[machine.sources[figure]]
 
 
+# NCCL's bandwidth of one NVLink, per direction, as its topology search and tuning model use it
+# (SOURCES["nccl-topo"]): about 82 % of a link's 25 GB/s line rate (protocol overhead, gpu_facts item 4).
+NCCL_NVLINK_BW = {"Ampere": 20.0e9, "Hopper": 20.6e9}
+NVLINK_LINE_RATE = 25e9          # one NVLink (3rd and 4th generation), per direction
+
+
 def ring_bw(machine, nodes=1):
-    """B of a ring, per GPU and direction: NVLink inside a node; across nodes NCCL's channels leave
-    the node through all its NICs, so the node's NICs together bound it, and NVLink still does
-    (SOURCES["nccl-net"]): min(NVLink, GPUs per node x one NIC)."""
-    if nodes == 1:
-        return machine.nvlink_bw
-    return min(machine.nvlink_bw, machine.gpus_per_node * machine.nic_bw)
+    """B of a ring, per GPU and direction, as NCCL models it: inside a node the GPU's NVLinks
+    (datasheet bandwidth / 25 GB/s a link: 18 on H100, 12 on A100) times NCCL's figure per link;
+    across nodes NCCL's channels leave the node through all its NICs, so the node's NICs together
+    bound it too (SOURCES["nccl-net"]): min(NVLink's, GPUs per node x one NIC)."""
+    nvlink = machine.nvlink_bw / NVLINK_LINE_RATE * NCCL_NVLINK_BW[machine.arch]
+    return nvlink if nodes == 1 else min(nvlink, machine.gpus_per_node * machine.nic_bw)
 
 
 def link(machine, nodes=1):

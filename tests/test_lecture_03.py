@@ -31,7 +31,7 @@ from machinery import l00_hardware as hardware
 
 H100 = machines.Scaled(machines.H100, time=300, bytes=256)   # the lecture's H100 model
 GBPS, ALPHA = H100.link()
-B = machines.H100.nvlink_bw / 1e9
+B = machines.link(machines.H100)[1] / 1e9
 
 
 def chain_broadcast(x, root):

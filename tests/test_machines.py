@@ -30,9 +30,9 @@ def test_the_ring_is_priced_as_nccl_prices_it():
     assert machines.ring_all_reduce(h, 8, 8) == pytest.approx(15.0e-6, rel=1e-3)
     big = 2**32
     assert machines.ring_all_reduce(h, big, 8) == pytest.approx(
-        8.4e-6 + 14 * 3.4e-6 + 1.75 * big / h.nvlink_bw, rel=1e-9)
+        8.4e-6 + 14 * 3.4e-6 + 1.75 * big / (18 * 20.6e9), rel=1e-9)
     two = machines.ring_all_reduce(h, big, 16, nodes=2, protocol="Simple")
-    assert two == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 2 * 14e-6 + 30 / 16 * big / (8 * h.nic_bw),
+    assert two == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 2 * 14e-6 + 30 / 16 * big / (18 * 20.6e9),
                                 rel=1e-9)
 
 
@@ -52,7 +52,7 @@ def test_a_scaled_machine_gives_the_paced_link_its_scaled_terms():
     s = machines.Scaled(machines.H100, time=1000, bytes=64)
     gbps, alpha = s.link()
     assert alpha == pytest.approx(3.4e-3)                       # 3.4 us of the model: 3.4 ms here
-    assert gbps * 1e9 == pytest.approx(450e9 / 64 / 1000)        # a byte here is 64 of the model
+    assert gbps * 1e9 == pytest.approx(18 * 20.6e9 / 64 / 1000)   # a byte here is 64 of the model
     assert s.compute(794.5e12) == pytest.approx(1000.0)          # one second of the GEMM rate
 
 

@@ -31,15 +31,15 @@ def ring_statements(machine="H100", algorithm="ring"):
             if r[col["machine"]] == machine and r[col["algorithm"]] == algorithm]
 
 
-def assert_plateau(machine=machines.H100, low=0.75):
-    """The claim: the ring's published plateau on 8 GPUs of `machine` is at most the model's ring
-    busbw at 4 GiB (the model's B is the link's line rate) and at least `low` of it (NCCL's
-    protocol overhead, "~20%": nccl-tests#212). Returns (model, [published]) in GB/s."""
+def assert_plateau(machine=machines.H100, tol=0.05):
+    """The claim: the ring's published plateau on 8 GPUs of `machine` is the model's ring busbw at
+    4 GiB within `tol`, the model's B being NCCL's own figure per NVLink (machines.ring_bw, from
+    NCCL's topo.h: not fitted to these runs). Returns (model, [published]) in GB/s."""
     model = model_curve([2**32], machine=machine)[0]
     published = [0.5 * (a + b) for a, b, _ in ring_statements(machine.name.split()[-1])]
     assert published, f"no published ring plateau for {machine.name}"
     for p in published:
-        assert low * model <= p <= model, \
+        assert abs(p / model - 1) <= tol, \
             f"{machine.name}: published ring busbw {p:.0f} GB/s, the model's {model:.0f} GB/s"
     return model, published
 
