@@ -14,9 +14,9 @@ the machine's ratio of alpha to N/B:
 - a store-and-forward chunked broadcast: a rank passes no chunk on before it holds them all, so
   the chunks do not pipeline: (K-1) S steps instead of K-2+S.
 
-The published claim (section 6): the ring's published busbw plateau on 8 H100s lies between 0.75
-and 1 of the model's ring (machinery.l02_published.assert_plateau); a wrong machine, the A100's
-NVLink held against the H100's plateau, must fail it.
+The published claim (section 6): the ring's published busbw plateau on 8 H100s is the model's ring
+within 5 %, the model's B being NCCL's own NVLink figure (machinery.l02_published.assert_plateau);
+a wrong machine, the A100's NVLink held against the H100's plateau, must fail it.
 
 Section 6 tells a student how to turn the ring the other way (issue 33's trial); the recipe, applied
 to the lecture's source, must give a ring that sends left and sums right, and half of it (the

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import machines
+from helpers import cost, machines
 
 PUBLISHED = Path(machines.PUBLISHED)
 
@@ -41,7 +41,7 @@ def test_a_ring_across_nodes_moves_at_the_node_s_nics_together_and_one_nic_does_
     (SOURCES["nccl-net"], not fitted). The model's ring at 8 GiB on 16 GPUs reads within 0.9-1 of
     its busbw; the ring at one NIC's B (the model's old mistake) is 8 times off."""
     a, n, k = machines.A100, 8 * 2**30, 16
-    busbw = lambda t: 2 * (k - 1) / k * n / t / 1e9              # noqa: E731
+    busbw = lambda t: cost.busbw("all_reduce", n, t, k)           # noqa: E731
     model = busbw(machines.ring_all_reduce(a, n, k, nodes=2))
     assert 0.9 <= 192 / model <= 1.0, model
     one_nic = busbw(2 * (k - 1) / k * n / a.nic_bw)

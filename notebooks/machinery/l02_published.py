@@ -13,14 +13,10 @@ CURVES = {"h100_8gpu_all_reduce_dgxc": "8 H100, NVIDIA's sample (algorithm not s
           "h100_16gpu_2node_all_reduce_aws": "16 H100 on 2 nodes (AWS EFA)"}
 
 
-def busbw(n, k, seconds):
-    """nccl-tests' busbw of an all-reduce of n bytes on k ranks in `seconds`, GB/s."""
-    return cost.busbw_factor("all_reduce", k) * n / seconds / 1e9
-
-
 def model_curve(sizes, k=8, nodes=1, machine=machines.H100, protocol=None):
     """The model's all-reduce busbw at each size (GB/s): NCCL's tuning model of the ring."""
-    return [busbw(n, k, machines.ring_all_reduce(machine, n, k, nodes, protocol)) for n in sizes]
+    return [cost.busbw("all_reduce", n, machines.ring_all_reduce(machine, n, k, nodes, protocol), k)
+            for n in sizes]
 
 
 def ring_statements(machine="H100", algorithm="ring"):
