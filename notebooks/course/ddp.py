@@ -97,12 +97,17 @@ class BucketedDDP(torch.nn.Module):
         finally:
             self.require_sync = True
 
-def exposed_comm(ready_s, comm_s):
-    """Seconds the link works after the last bucket is ready: bucket i is ready at
-    ready_s[i] and takes comm_s[i] on a link that carries one all-reduce at a time."""
-    end = 0.0
+def exposed_comm(ready_s, comm_s, share=0.0):
+    """Seconds a step takes beyond its compute: bucket i is ready once backward has done
+    ready_s[i] of its compute and takes comm_s[i] on a link that carries one all-reduce
+    at a time; compute beside the busy link runs 1 + share times slower."""
+    t = done = end = 0.0                      # the clock, compute done, link busy until
     for ready, comm in zip(ready_s, comm_s):
-        end = max(end, ready) + comm
+        while done < ready:                   # compute on, to this bucket's last grad
+            slow = 1 + share if t < end else 1.0
+            left = min(ready - done, (end - t) / slow) if t < end else ready - done
+            t, done = t + left * slow, done + left
+        end = max(end, t) + comm              # the bucket leaves: the link carries it
     return end - max(ready_s)
 
 

@@ -1,24 +1,26 @@
-"""Measuring machinery of the DDP lecture: a paced all-reduce, and interleaved step timing.
+"""Measuring machinery of the DDP lecture: the H100 model's all-reduce, interleaved step timing,
+a traced step; and the formula-paced all-reduce that lectures 07 and 09 still use.
 
-    with ddp_bench.paced_all_reduce(gbps, alpha_s) as link:   # inside a rank (gloo)
+    with ddp_bench.on_model(h100, share) as stream:          # inside a rank (gloo)
         step()                                               # the plain DDP code, unchanged
-    link.calls   # [{"launch", "start", "end", "nbytes"}], perf_counter seconds
+    stream.calls   # [{"nbytes", "queued", "start", "end"}], perf_counter seconds
 
     with ddp_bench.without_all_reduce():                     # the same code, nothing exchanged
         step()                                               # (what DDP's copies and hooks cost)
 
-    times = ddp_bench.time_steps({"bucketed": (step, paced), ...}, steps, warmup)
+    times = ddp_bench.time_steps({"bucketed": (step, on_model), ...}, steps, warmup)
 
-The paced all-reduce is a stand-in, like helpers.standins.paced_link (which paces point-to-point
-calls): every `dist.all_reduce` of the code inside also takes alpha + 2(K-1)/K n / B on a link
-that carries one all-reduce at a time and needs no core (a host sleep when the work is waited
-for), as NCCL's kernels leave a GPU's host free (they take some of its SMs instead: notebooks/
-gpu_facts.md, items 1 and 6). An all-reduce starts on the link when the LAST rank
-has launched it (a one-number MAX all-reduce of the ranks' launch clocks, perf_counter being one
-system-wide monotonic clock) or when the one before it is through, whichever is later: so it ends
-at the same time on every rank. The real all-reduce runs too (the values are right), in parallel;
-its own time hides inside the pacing as long as it is shorter, but its CPU work (and the stamp's)
-is real: a "no communication" baseline (`without_all_reduce`) leaves it out. Gloo only.
+`on_model(scaled, share)` runs every `dist.all_reduce` as lecture 02's ring over the scaled
+model's paced link on a comm stream of the rank's own (helpers.comm_stream), compute beside it
+slowed by `share` (standins.contention): its time comes from the ring's steps, not a formula.
+
+`paced_all_reduce(gbps, alpha_s)` (lectures 07 and 09, until they move to the H100 model): every
+`dist.all_reduce` also takes alpha + 2(K-1)/K n / B on a link that carries one all-reduce at a
+time and needs no core (a host sleep when the work is waited for). An all-reduce starts on the
+link when the LAST rank has launched it (a one-number MAX all-reduce of the ranks' launch
+clocks, perf_counter being one system-wide monotonic clock) or when the one before it is
+through, whichever is later. The real all-reduce runs too (the values are right), in parallel.
+Both are gloo-only stand-ins: they sleep on the host.
 """
 import contextlib
 import time
@@ -26,7 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers import timing
+from helpers import comm_stream, standins, timing
 from helpers.patching import patched
 
 
@@ -109,6 +111,21 @@ def paced_all_reduce(gbps, alpha_s=0.0):
 
     with patched(dist, all_reduce=all_reduce):
         yield link
+
+
+@contextlib.contextmanager
+def on_model(scaled, share=0.0):
+    """Inside (a rank, gloo): every dist.all_reduce is lecture 02's ring over the paced link of
+    `scaled` (a helpers.machines.Scaled; None: an unpaced link, the laptop's floor), run on this rank's comm stream (helpers.comm_stream:
+    async_op returns at once, the calls run one at a time), and device-like compute that runs
+    while one is in flight is `share` slower (standins.contention). Yields the stream: its
+    `calls` log each all-reduce's bytes and its queued, start and end times (perf_counter)."""
+    from course.ring_math import ring_all_reduce
+
+    link = scaled.link() if scaled is not None else (None,)
+    with comm_stream.paced(ring_all_reduce, *link) as stream, \
+            standins.contention(share):
+        yield stream
 
 
 @contextlib.contextmanager
@@ -202,3 +219,29 @@ def quiet_stderr():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(null)
+
+
+def traced_step(rank, world_size, make_ddp, batch, scaled, share, steps=2):
+    """The last of `steps` DDP steps on a scaled model (on_model), recorded: a rank's function
+    for helpers.spawn. make_ddp(dev) builds the DDP, batch(rank, dev) gives (x, y). Returns the
+    spans of forward, backward and the wait (timeline.Recorder), each bucket's time on the link,
+    and when each was queued, in seconds from one origin."""
+    from helpers import tiny, timeline
+    from helpers.spawn import device
+
+    dev = device()
+    ddp, (x, y) = make_ddp(dev), batch(rank, dev)
+    for _ in range(steps):
+        dist.barrier()
+        origin, rec = time.perf_counter(), timeline.Recorder(dev)
+        with on_model(scaled, share) as link:
+            ddp.module.zero_grad()
+            with rec.span("forward"):
+                loss = tiny.loss(ddp(x), y)
+            with rec.span("backward"):
+                loss.backward()
+            with rec.span("wait for the buckets"):
+                ddp.finish_gradient_sync()
+    on_link = [{"name": "bucket on the link", "start": c["start"] - origin,
+                "end": c["end"] - origin} for c in link.calls]
+    return rec.events(origin=origin), on_link, [c["queued"] - origin for c in link.calls]
