@@ -9,7 +9,8 @@ compute runs meanwhile, as a GPU's compute runs beside NCCL's stream.
         work.wait()                                         # the sum is in grad
 
 Inside, every dist.all_reduce (sum, whole world) is `algorithm(tensor)` run on the rank's comm
-thread, one call after the other in the order they were made (one link, as one NCCL stream), over
+thread (and, given `all_gather`, every dist.all_gather_single is `all_gather(output, input)`),
+one call after the other in the order they were made (one link, as one NCCL stream), over
 standins.paced_link(gbps, alpha_s): its time is its own steps', 2(K-1) alphas of a ring included,
 not a formula. While a call is in flight the rank's `standins.SHARED["busy"]` is set, so device-like
 compute under standins.contention(share) slows down meanwhile. `stream.calls` logs each call's
@@ -81,24 +82,39 @@ class Stream:
 
 
 @contextlib.contextmanager
-def paced(algorithm, gbps, alpha_s=0.0):
+def paced(algorithm, gbps, alpha_s=0.0, all_gather=None):
     """Inside (a rank, gloo): dist.all_reduce runs `algorithm(tensor)` on this rank's comm thread
-    over paced_link(gbps, alpha_s); yields the Stream (its `calls`)."""
+    over paced_link(gbps, alpha_s), and, given `all_gather(output, input)`, so does
+    dist.all_gather_single, on the same thread; yields the Stream (its `calls`)."""
     if dist.get_backend() != "gloo":
         raise RuntimeError("the comm stream's paced link sleeps on the host: a stand-in for gloo only")
     stream = Stream()
 
-    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    def whole_world(op, group):
         if op != dist.ReduceOp.SUM or group not in (None, dist.group.WORLD):
             raise NotImplementedError("the comm stream runs a sum over the whole world only")
-        work = stream.submit(lambda: algorithm(tensor), tensor.numel() * tensor.element_size())
+
+    def run(fn, nbytes, async_op):
+        work = stream.submit(fn, nbytes)
         if async_op:
             return work
         work.wait()
         return None
 
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        whole_world(op, group)
+        return run(lambda: algorithm(tensor), tensor.numel() * tensor.element_size(), async_op)
+
+    def all_gather_single(output, input, group=None, async_op=False):
+        whole_world(dist.ReduceOp.SUM, group)
+        return run(lambda: all_gather(output, input), output.numel() * output.element_size(),
+                   async_op)
+
+    replaced = dict(all_reduce=all_reduce)
+    if all_gather is not None:
+        replaced["all_gather_single"] = all_gather_single
     try:
-        with standins.paced_link(gbps, alpha_s), patched(dist, all_reduce=all_reduce):
+        with standins.paced_link(gbps, alpha_s), patched(dist, **replaced):
             yield stream
     finally:
         stream.close()

@@ -1,5 +1,5 @@
 """Measuring machinery of the DDP lecture: the H100 model's all-reduce, interleaved step timing,
-a traced step; and the formula-paced all-reduce that lectures 07 and 09 still use.
+a traced step (lectures 07 and 09 use the first two).
 
     with ddp_bench.on_model(h100, share) as stream:          # inside a rank (gloo)
         step()                                               # the plain DDP code, unchanged
@@ -13,14 +13,7 @@ a traced step; and the formula-paced all-reduce that lectures 07 and 09 still us
 `on_model(scaled, share)` runs every `dist.all_reduce` as lecture 02's ring over the scaled
 model's paced link on a comm stream of the rank's own (helpers.comm_stream), compute beside it
 slowed by `share` (standins.contention): its time comes from the ring's steps, not a formula.
-
-`paced_all_reduce(gbps, alpha_s)` (lectures 07 and 09, until they move to the H100 model): every
-`dist.all_reduce` also takes alpha + 2(K-1)/K n / B on a link that carries one all-reduce at a
-time and needs no core (a host sleep when the work is waited for). An all-reduce starts on the
-link when the LAST rank has launched it (a one-number MAX all-reduce of the ranks' launch
-clocks, perf_counter being one system-wide monotonic clock) or when the one before it is
-through, whichever is later. The real all-reduce runs too (the values are right), in parallel.
-Both are gloo-only stand-ins: they sleep on the host.
+A gloo-only stand-in: the paced link sleeps on the host.
 """
 import contextlib
 import time
@@ -45,72 +38,6 @@ class _Done:
         future = torch.futures.Future()
         future.set_result(None)
         return future
-
-
-class _Paced(_Done):
-    """The work of a paced all-reduce: done when the real one is and the link has carried it."""
-
-    def __init__(self, link, call, work):
-        self.link, self.call, self._work = link, call, work
-
-    def wait(self, *args, **kwargs):
-        self.link.resolve(self.call)
-        self._work.wait(*args, **kwargs)
-        left = self.call["end"] - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
-        return True
-
-    def is_completed(self):
-        return ("end" in self.call and time.perf_counter() >= self.call["end"]
-                and self._work.is_completed())
-
-
-class _Link:
-    def __init__(self, gbps, alpha_s):
-        self.gbps, self.alpha_s, self.free, self.calls, self._stamps = gbps, alpha_s, 0.0, [], []
-
-    def seconds(self, nbytes, k):
-        """alpha + 2(K-1)/K n / B: a ring all-reduce's bytes out of each rank over the link."""
-        return 0.0 if k == 1 else self.alpha_s + 2 * (k - 1) / k * nbytes / (self.gbps * 1e9)
-
-    def resolve(self, call):
-        """Place every call up to `call` on the link, in launch order: each starts when the last
-        rank launched it (the MAX of the ranks' launch stamps) or when the link is free."""
-        for c, (stamp, work) in zip(self.calls, self._stamps):
-            if "end" not in c:
-                work.wait()
-                c["launched"] = stamp.item()                # the last rank's launch
-                c["start"] = max(c["launched"], self.free)
-                c["end"] = self.free = c["start"] + c["seconds"]
-            if c is call:
-                return
-
-
-@contextlib.contextmanager
-def paced_all_reduce(gbps, alpha_s=0.0):
-    """Inside: every dist.all_reduce also takes alpha_s + 2(K-1)/K n / (gbps GB/s) on a link that
-    needs no core (see the module's docstring). Yields the link; link.calls logs every call."""
-    if dist.get_backend() != "gloo":
-        raise RuntimeError("the paced all-reduce sleeps on the host: a stand-in for gloo only")
-    real, link = dist.all_reduce, _Link(gbps, alpha_s)
-
-    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        launch, nbytes = time.perf_counter(), tensor.numel() * tensor.element_size()
-        stamp = torch.tensor([launch], dtype=torch.float64)       # -> the last rank's launch
-        link._stamps.append((stamp, real(stamp, op=dist.ReduceOp.MAX, group=group,
-                                         async_op=True)))
-        call = {"launch": launch, "nbytes": nbytes,
-                "seconds": link.seconds(nbytes, dist.get_world_size(group))}
-        link.calls.append(call)
-        done = _Paced(link, call, real(tensor, op=op, group=group, async_op=True))
-        if async_op:
-            return done
-        done.wait()
-        return None
-
-    with patched(dist, all_reduce=all_reduce):
-        yield link
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ its check. It wraps the lecture's plain code; it holds none.
 """
 import contextlib
 import functools
+import time
 
 import torch
 import torch.distributed as dist
@@ -12,6 +13,7 @@ from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import plots, timing
+from helpers.patching import patched
 from machinery import l05_ddp as ddp_bench
 
 
@@ -70,11 +72,11 @@ def timed(blk, x, iters):
 
     def waited():
         """Seconds this rank's all-reduces of one step waited for the last rank to launch them
-        (ddp_bench's launch stamps, perf_counter being one clock for the machine)."""
+        (launch_stamps, perf_counter being one clock for the machine)."""
         dist.barrier()
-        with ddp_bench.paced_all_reduce(1e12) as link:       # a link that takes no time
+        with launch_stamps() as stamps:
             step()
-        return sum(c["start"] - c["launch"] for c in link.calls)
+        return sum(last - mine for mine, last in stamps)
 
     msg = torch.randn_like(x)
     times = ddp_bench.time_steps(
@@ -82,6 +84,24 @@ def timed(blk, x, iters):
          "compute": (step, ddp_bench.without_all_reduce),
          "all_reduce": (lambda: dist.all_reduce(msg), contextlib.nullcontext)}, iters)
     return {**times, "wait": [waited() for _ in range(iters)]}
+
+
+@contextlib.contextmanager
+def launch_stamps():
+    """Inside: each dist.all_reduce first exchanges the ranks' launch clocks (a MAX all-reduce of
+    one number: it returns once every rank has launched); yields [(this rank's launch, the
+    last rank's)], perf_counter seconds."""
+    real, stamps = dist.all_reduce, []
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        launch = time.perf_counter()
+        last = torch.tensor([launch], dtype=torch.float64)
+        real(last, op=dist.ReduceOp.MAX, group=group)
+        stamps.append((launch, last.item()))
+        return real(tensor, op=op, group=group, async_op=async_op)
+
+    with patched(dist, all_reduce=all_reduce):
+        yield stamps
 
 
 def model_steps(step, scaled, steps, warmup=2):
@@ -96,7 +116,7 @@ def model_steps(step, scaled, steps, warmup=2):
 
 def slowest(per_rank, name, minus=None):
     """timing.summary (median, p10, p90, n) over rounds of the slowest rank's seconds of variant
-    `name` of timed's or paced_steps' results, less variant `minus`'s, round by round."""
+    `name` of timed's or model_steps' results, less variant `minus`'s, round by round."""
     rounds = ddp_bench.slowest_rank(per_rank, name)
     if minus is not None:
         rounds = [a - b for a, b in zip(rounds, ddp_bench.slowest_rank(per_rank, minus))]
