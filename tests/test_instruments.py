@@ -210,6 +210,7 @@ def test_the_comm_stream_runs_the_lectures_algorithm_in_order_on_its_own_thread(
         assert b["start"] >= a["end"], "two collectives ran at once on one link"
         assert a["end"] - a["start"] >= 2 * (0.01 + 2000 / 1e6), "the ring's two steps, paced"
 
+
 def test_the_recorder_stamps_spans_and_collectives_on_one_axis():
     def fn(rank, k):
         rec = timeline.Recorder()

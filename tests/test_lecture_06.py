@@ -1,11 +1,14 @@
 """Lecture 06 (ZeRO): its key measured claim with negative controls, the peak of a ZeRO-3 step,
 the bytes instruments and its shape (its wrappers against torch's: tests/test_zero_wrappers.py).
 
-- The key claim (section 5, course.zero.assert_prefetch_model): on device-like layers and a
-  paced all-gather, a forward in turns takes L(g + c) and a prefetched one g + (L-1)max(g,c) + c,
-  each above its model by less than half the predicted saving. A serialised schedule passed as
-  the prefetched one fails it, and so does a model whose compute is off by a factor of two.
-  The stand-ins take time on a clock that needs no core, so this holds on a loaded machine.
+- The key claim (section 5, course.zero.assert_forward_model), on the H100 model (each unit a
+  d = 8192 layer on 4096 tokens, every all-gather lecture 02's ring over the model's NVLink on a
+  comm stream, compute beside it slowed by the contention average): what the gathers add to a
+  forward (the forward less the same forward on an unpaced link, round by round) is L g in turns
+  and, prefetched, g plus the contention of the L-1 gathers hidden behind a layer, each within
+  the rounds' spread. Two negative controls fail it: a wrong algorithm (a serialised schedule
+  passed as the prefetched one) and a wrong machine (the model of one GPU a node, whose gathers
+  outlast its layers). The stand-ins take time without a core, so this holds on a loaded machine.
 - A ZeRO-3 step's peak (section 4, zero_bench.assert_zero3_peak: the lecture checks its float64
   step with the same bound) is what a rank holds plus one or two gathered units and the
   gradient's buffers, not all layers; a unit that never frees its gathered parameters fails it.
@@ -18,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.zero import ShardedUnit, assert_prefetch_model, prefetch_forward
-from helpers import standins, tiny
+from course.zero import ShardedUnit, assert_forward_model, prefetch_forward
+from helpers import cost, machines, standins, timing, tiny
 from helpers.site import shape
 from machinery import l06_zero as zero_bench
 from helpers.spawn import spawn
@@ -27,29 +30,77 @@ from helpers.spawn import spawn
 LECTURE = Path(shape.NOTEBOOKS) / "06_zero.ipynb"
 
 
-def _forward_times(rank, n, prefetch, gather_s, compute_s, rounds=3):
-    layers = [standins.DeviceLike(nn.Linear(8, 8), compute_s) for _ in range(4)]
+LAYER_BYTES = 12 * 8192**2 * 2                                   # a d = 8192 layer, bf16
+H100 = machines.Scaled(machines.H100, time=5, bytes=LAYER_BYTES / (72 * 4))   # Linear(8, 8)
+ALPHA, BW = machines.link(machines.H100)
+GATHER_S = H100.wall(cost.ring_all_gather(LAYER_BYTES, 2, BW, ALPHA))
+COMPUTE_S = H100.compute(2 * 12 * 8192**2 * 4096)
+SHARE = machines.H100.contention[0]
+
+
+def _forward_times(rank, n, prefetch, rounds=5):
+    layers = [standins.DeviceLike(nn.Linear(8, 8), COMPUTE_S) for _ in range(4)]
     model = nn.Sequential(*[ShardedUnit(layer) for layer in layers])
     if prefetch:
         prefetch_forward(list(model))
-    times = []
-    with zero_bench.paced_gather(gather_s) as link:
-        for _ in range(rounds):
-            dist.barrier()
-            compute, _ = zero_bench.forward_events(model, torch.ones(2, 8), layers, link)
-            times.append(compute[-1]["end"])
-    return sorted(times)[len(times) // 2]
+    return zero_bench.timed_forwards(model, torch.ones(2, 8), layers, H100, SHARE, rounds)[0]
 
 
-def test_the_key_claim_holds_for_prefetching_and_fails_for_a_serialised_schedule():
-    g = c = 0.02
-    serial, ahead = (max(spawn(_forward_times, 2, args=(p, g, c), backend="gloo"))
-                     for p in (False, True))
-    assert_prefetch_model(serial, ahead, g, c, 4)
+@pytest.fixture(scope="module")
+def added():
+    out = {}
+    for p in (False, True):
+        res = spawn(_forward_times, 2, args=(p,), backend="gloo")
+        slowest = lambda paced: [max(ts) for ts in zip(*(r[paced] for r in res))]  # noqa: E731
+        out[p] = timing.summary([a - b for a, b in zip(slowest(True), slowest(False))])
+    return out
+
+
+def _check(added, gather_s, runs={False: False, True: True}):
+    """The lecture's claim; `runs` says which run stands for which schedule."""
+    assert_forward_model({p: added[r]["median"] for p, r in runs.items()}, gather_s,
+                         COMPUTE_S, 4, SHARE,
+                         {p: added[r]["p90"] - added[r]["p10"] for p, r in runs.items()})
+
+
+def test_each_schedule_meets_its_model(added):
+    _check(added, GATHER_S)
+
+
+def test_the_forward_model():
+    from course.zero import forward_model
+    assert forward_model(1.0, 2.0, 4) == (12.0, 1 + 3 * 2 + 2)
+    assert forward_model(1.0, 2.0, 4, share=0.5) == pytest.approx((12.0, 1 + 3 * (2 + 1 / 3) + 2))
+    assert forward_model(3.0, 1.0, 4) == (16.0, 3 + 3 * 3 + 1)          # gathers outlast layers
+
+
+def test_a_serialised_prefetch_fails_it(added):
     with pytest.raises(AssertionError):
-        assert_prefetch_model(serial, serial, g, c, 4)       # a serialised "prefetch"
+        _check(added, GATHER_S, {False: False, True: False})
+
+
+def test_the_model_of_one_gpu_a_node_fails_it(added):
+    net = machines.H100.nic_bw, machines.RING_STEP["net"]["Simple"]
     with pytest.raises(AssertionError):
-        assert_prefetch_model(serial, ahead, g, 2 * c, 4)    # a model off by a factor
+        _check(added, H100.wall(cost.ring_all_gather(LAYER_BYTES, 2, *net)))
+
+
+def _gathered(rank, k):
+    from helpers import comm_stream
+    
+    out = torch.empty(2 * k)
+    with comm_stream.paced(None, 1e-3, 0.01, all_gather=zero_bench.ring_all_gather_single) as stream:
+        work = dist.all_gather_single(out, torch.full((2,), rank + 1.0), async_op=True)
+        work.wait()
+    return out, stream.calls
+
+
+def test_the_comm_stream_runs_an_all_gather_too():
+    """all_gather_single on the comm stream is the given algorithm (lecture 02's ring all-gather,
+    K-1 paced steps of the input's bytes): every rank gets every slice, in rank order."""
+    for out, calls in spawn(_gathered, 2, backend="gloo"):
+        assert torch.equal(out, torch.tensor([1.0, 1.0, 2.0, 2.0]))
+        assert calls[0]["end"] - calls[0]["start"] >= 0.01 + 8 / 1e6
 
 
 def test_the_bytes_held_are_the_storages():

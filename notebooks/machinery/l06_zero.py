@@ -1,17 +1,17 @@
-"""Lecture 06's measuring machinery (ZeRO): the bytes a rank holds, a paced all-gather and a
-forward timeline. It wraps the lecture's plain code (course.zero) and torch's FSDP2 from outside:
+"""Lecture 06's measuring machinery (ZeRO): the bytes a rank holds, the all-gather on the H100
+model and a forward timeline. It wraps the lecture's plain code (course.zero) and torch's FSDP2
+from outside:
 
     held = zero_bench.optimizer_held(model, opt) # after backward, before opt.step()
-    with zero_bench.paced_gather(0.01) as link:  # every all-gather takes 10 ms more on the link
-        events = zero_bench.forward_events(model, x)
+    with zero_bench.on_model(h100, share) as stream:   # every all-gather: the model's ring
+        events = zero_bench.forward_events(model, x, layers, stream.calls)
 
 - bytes held: the storages behind a set of tensors, each storage once (a view counts once);
-- the paced all-gather: `dist.all_gather_single` inside the context completes no earlier than
-  `seconds` after the link is free (one gather at a time on the link, a clock that needs no core:
-  the host sleeps in wait()), as a GPU's all-gather runs as NCCL's kernel on a few SMs while the
-  host computes (overlap on a GPU takes SMs from compute: notebooks/gpu_facts.md, item 6);
-  the real gather is issued at once and runs inside that time (a gather is done at the later of
-  the two; microseconds here). A gloo-only stand-in, like standins.paced_link;
+- the all-gather on the H100 model: `dist.all_gather_single` inside the context is lecture 02's
+  ring all-gather over the scaled model's paced link, run on the rank's comm stream
+  (helpers.comm_stream), as NCCL's kernel runs on a few SMs while the host computes; device-like
+  compute beside it is slowed by the contention share (notebooks/gpu_facts.md, item 6). A
+  gloo-only stand-in, like standins.paced_link;
 - the forward timeline: each unit's forward as a span (forward hooks, helpers.timeline.Recorder),
   and each gather's time on the link, on one perf_counter axis;
 - the peak: the bytes of the storages created and alive at once (PeakBytes, peak_bytes), under
@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from helpers import comm_stream, standins
 from helpers.patching import patched
 from helpers.timeline import Recorder
 
@@ -75,59 +76,36 @@ def fsdp_held(model, optim):
             "optim": storage_bytes(local(t) for t in _optim_state(optim))}
 
 
-class _DueWork:
-    """An all-gather's work that is done no earlier than `due` (a perf_counter time)."""
+def ring_all_gather_single(output, input):
+    """dist.all_gather_single(output, input) as lecture 02's ring all-gather: each rank's input
+    goes to its slice of output, then the ring passes the slices round."""
+    from course.ring_math import ring_all_gather
 
-    def __init__(self, work, due):
-        self.work, self.due = work, due
-
-    def wait(self, *args, **kwargs):
-        self.work.wait(*args, **kwargs)
-        delay = self.due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        return True
-
-
-class PacedGather:
-    """The link of paced_gather: when it is free, and each gather's (start, end) on it."""
-
-    def __init__(self, seconds):
-        self.seconds, self.free, self.busy = seconds, 0.0, []
-
-    def events(self, origin):
-        return [{"name": "all-gather", "start": a - origin, "end": b - origin}
-                for a, b in self.busy]
+    chunks = list(output.chunk(dist.get_world_size()))
+    chunks[dist.get_rank()].copy_(input)
+    ring_all_gather(chunks)
 
 
 @contextlib.contextmanager
-def paced_gather(seconds):
-    """Inside: dist.all_gather_single takes `seconds` on a link of its own (see the docstring)."""
-    if dist.get_backend() != "gloo":
-        raise RuntimeError("paced_gather sleeps on the host: a stand-in for gloo on CPUs.")
-    real, link = dist.all_gather_single, PacedGather(seconds)
+def on_model(scaled, share=0.0):
+    """Inside (a rank, gloo): every dist.all_gather_single is lecture 02's ring all-gather over
+    the paced link of `scaled` (a helpers.machines.Scaled; None: an unpaced link, the laptop's
+    floor), on this rank's comm stream (helpers.comm_stream: async_op returns at once, one
+    collective at a time), and device-like compute beside it is `share` slower. Yields the
+    stream: its `calls` log each gather's bytes, queued, start and end (perf_counter)."""
+    from course.ring_math import ring_all_reduce
 
-    def gather(output, input, group=None, async_op=False):
-        start = max(link.free, time.perf_counter())
-        link.free = start + link.seconds
-        link.busy.append((start, link.free))
-        work = _DueWork(real(output, input, group=group, async_op=True), link.free)
-        return work if async_op else work.wait()
-
-    dist.all_gather_single = gather
-    try:
-        yield link
-    finally:
-        dist.all_gather_single = real
+    link = scaled.link() if scaled is not None else (None,)
+    with comm_stream.paced(ring_all_reduce, *link, all_gather=ring_all_gather_single) as stream, \
+            standins.contention(share):
+        yield stream
 
 
-def forward_events(model, x, layers, link=None):
+def forward_events(model, x, layers, calls=()):
     """One forward of `model`: the forward of each module of `layers` as a span of a
-    timeline.Recorder, and the link's gathers (this forward's only), in seconds since the
-    forward began."""
-    rec, spans, hooks = Recorder(), {}, []
-    if link is not None:
-        link.busy.clear()
+    timeline.Recorder, and the gathers this forward added to `calls` (a comm stream's log), in
+    seconds since the forward began."""
+    rec, spans, hooks, first = Recorder(), {}, [], len(calls)
     for i, unit in enumerate(layers):
         def pre(module, args, i=i):
             spans[i] = rec.span(f"layer {i}")
@@ -143,8 +121,9 @@ def forward_events(model, x, layers, link=None):
     finally:
         for h in hooks:
             h.remove()
-    compute = rec.events(origin=origin)
-    return compute, (link.events(origin) if link is not None else [])
+    gathers = [{"name": "all-gather", "start": c["start"] - origin, "end": c["end"] - origin}
+               for c in list(calls)[first:]]
+    return rec.events(origin=origin), gathers
 
 
 class PeakBytes(TorchDispatchMode):
@@ -250,3 +229,33 @@ def assert_zero3_peak(peak, numel, n, saved, p=2, r=4):
     assert lo <= peak, ("below one gathered unit", peak, lo)
     assert peak <= hi, ("more than two gathered units and the gradient's buffers", peak, hi)
     return lo, hi
+
+
+def timed_forwards(model, x, layers, scaled, share, rounds):
+    """In a rank: `rounds` forwards of `model` on the scaled model (on_model), each followed by
+    one on an unpaced link (the floor), after a barrier each. Returns ({True: on the model,
+    False: unpaced} seconds of each round's forward, the last round's forward_events on the
+    model)."""
+    times = {True: [], False: []}
+    for _ in range(rounds):
+        for paced in (True, False):
+            with on_model(scaled if paced else None, share) as link:
+                dist.barrier()
+                compute, gathers = forward_events(model, x, layers, link.calls)
+            times[paced].append(compute[-1]["end"])
+            if paced:
+                events = compute, gathers
+    return times, events
+
+
+def draw_forwards(runs, title):
+    """Rank 0's last forward of each schedule ({prefetch: spawn results of timed_forwards}), one
+    axis each, compute and link (draw_forward)."""
+    from helpers import plots
+    fig, axes = plots.figure(nrows=len(runs), width=10, height=3.6, sharex=True)
+    for ax, (p, res) in zip(axes, runs.items()):
+        draw_forward(ax, *res[0][1], legend=ax is axes[0])
+        ax.set_title(f"prefetch={p}: rank 0, last round {title}", fontsize=9)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    axes[0].set_xlabel("")
+    return fig
