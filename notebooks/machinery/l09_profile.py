@@ -30,6 +30,7 @@ from helpers import standins, timing, tiny
 from machinery import l05_ddp as ddp_bench
 
 WARMUP = 2          # profiled steps the schedule leaves out (DDP's buckets settle in the first)
+FLOOR_ROUNDS = 7    # steps on the unpaced link, at most (their median and spread are used)
 
 
 def profiled_steps(rank, world_size, step, model_kw, cap_mb, forward_s, scaled, share, steps,
@@ -37,8 +38,8 @@ def profiled_steps(rank, world_size, step, model_kw, cap_mb, forward_s, scaled, 
     """A rank's function for helpers.spawn: `steps` profiled calls of step(ddp, opt, x, y, sync)
     after WARMUP on the scaled model; returns the trace's path, the bucket plan, this rank's log
     of its all-reduces (trace clock; "launched": when this rank queued each) and the floor, what
-    the same steps expose on an unpaced link (seconds, `steps` rounds: the last bucket's real
-    all-reduce and the copies back; no profiler)."""
+    the same steps expose on an unpaced link (seconds, up to FLOOR_ROUNDS rounds: the last
+    bucket's real all-reduce and the copies back; no profiler)."""
     from course.ddp import BucketedDDP
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -58,7 +59,7 @@ def profiled_steps(rank, world_size, step, model_kw, cap_mb, forward_s, scaled, 
             step(ddp, opt, x, y, ddp.finish_gradient_sync)
             prof.step()
     floor = []                    # the same steps on an unpaced link: what is exposed there
-    for _ in range(steps):
+    for _ in range(min(steps, FLOOR_ROUNDS)):
         with ddp_bench.on_model(None) as unpaced:
             dist.barrier()
             done = []
