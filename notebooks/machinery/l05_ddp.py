@@ -41,17 +41,18 @@ class _Done:
 
 
 @contextlib.contextmanager
-def on_model(scaled, share=0.0, algorithm=None):
+def on_model(scaled, share=0.0, algorithm=None, all_gather=None):
     """Inside (a rank, gloo): every dist.all_reduce is lecture 02's ring (or `algorithm(x)`, in
-    place) over the paced link of `scaled` (a helpers.machines.Scaled; None: an unpaced link,
-    the laptop's floor), run on this rank's comm stream (helpers.comm_stream: async_op returns
-    at once, the calls run one at a time), and device-like compute that runs while one is in
-    flight is `share` slower (standins.contention). Yields the stream: its `calls` log each
-    all-reduce's bytes and its queued, start and end times (perf_counter)."""
+    place), and given `all_gather(output, input)` every dist.all_gather_single is that, over the
+    paced link of `scaled` (a helpers.machines.Scaled; None: an unpaced link, the laptop's
+    floor), run on this rank's comm stream (helpers.comm_stream: async_op returns at once, the
+    calls run one at a time), and device-like compute that runs while one is in flight is
+    `share` slower (standins.contention). Yields the stream: its `calls` log each collective's
+    bytes and its queued, start and end times (perf_counter)."""
     from course.ring_math import ring_all_reduce
 
     link = scaled.link() if scaled is not None else (None,)
-    with comm_stream.paced(algorithm or ring_all_reduce, *link) as stream, \
+    with comm_stream.paced(algorithm or ring_all_reduce, *link, all_gather=all_gather) as stream, \
             standins.contention(share):
         yield stream
 

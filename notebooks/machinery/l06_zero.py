@@ -29,9 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from helpers import comm_stream, standins
 from helpers.patching import patched
 from helpers.timeline import Recorder
+from machinery import l05_ddp as ddp_bench
 
 
 def storage_bytes(tensors):
@@ -86,19 +86,11 @@ def ring_all_gather_single(output, input):
     ring_all_gather(chunks)
 
 
-@contextlib.contextmanager
 def on_model(scaled, share=0.0):
-    """Inside (a rank, gloo): every dist.all_gather_single is lecture 02's ring all-gather over
-    the paced link of `scaled` (a helpers.machines.Scaled; None: an unpaced link, the laptop's
-    floor), on this rank's comm stream (helpers.comm_stream: async_op returns at once, one
-    collective at a time), and device-like compute beside it is `share` slower. Yields the
-    stream: its `calls` log each gather's bytes, queued, start and end (perf_counter)."""
-    from course.ring_math import ring_all_reduce
-
-    link = scaled.link() if scaled is not None else (None,)
-    with comm_stream.paced(ring_all_reduce, *link, all_gather=ring_all_gather_single) as stream, \
-            standins.contention(share):
-        yield stream
+    """Inside (a rank, gloo): every dist.all_gather_single is lecture 02's ring all-gather
+    (ring_all_gather_single) on lecture 05's H100 model (ddp_bench.on_model: the scaled paced
+    link, the comm stream, the contention `share`; None: unpaced). Yields the stream."""
+    return ddp_bench.on_model(scaled, share, all_gather=ring_all_gather_single)
 
 
 def forward_events(model, x, layers, calls=()):
