@@ -52,6 +52,28 @@ def summary(samples):
             "p90": s[_rank(0.9, len(s))], "n": len(s)}
 
 
+def floor(rounds):
+    """The laptop's floor from `rounds` (seconds) of some work on an unpaced link: {"least": the
+    least round, "spread": from it to the median}. Load and the laptop's scheduling add to a
+    round and never take one away (a collective on a comm thread here now and then waits a few
+    ms more, in runs of rounds), so the least round is the floor and the rest its spread."""
+    least = min(rounds)
+    return {"least": least, "spread": statistics.median(rounds) - least}
+
+
+def above_floor(measured, floor_rounds, floor_model=0.0):
+    """What rounds `measured` (seconds, on the model) take above the floor of `floor_rounds`
+    (the same work on an unpaced link, which the model says takes `floor_model`): {"median":
+    measured's median less the floor's least round, "tolerance", "floor": that least round}.
+    The tolerance is measured's spread (p10-p90), the floor's, and the floor's least round
+    beyond its model: how much of the laptop's own time a paced round keeps (its real
+    transfers run while the paced link sleeps, or after) is not known, from none to all."""
+    m, f = summary(measured), floor(floor_rounds)
+    beyond = max(f["least"] - floor_model, 0.0)
+    return {"median": m["median"] - f["least"],
+            "tolerance": m["p90"] - m["p10"] + f["spread"] + beyond, "floor": f["least"]}
+
+
 def spread_label(n):
     """What summary()'s p10-p90 of n samples is: "min-max" where both are the extremes (n <= 5),
     else "p10-p90"."""

@@ -48,6 +48,15 @@ def test_report_prints_per_rank_and_tables(capsys):
         "size  time", "----  ----", "1024   0.5"]
 
 
+def test_the_floor_is_its_least_round_and_above_it_subtracts_that():
+    f = timing.floor([3.0, 9.0, 2.0, 4.0, 2.5])
+    assert f == {"least": 2.0, "spread": 1.0}
+    a = timing.above_floor([12.0, 10.0, 11.0], [3.0, 9.0, 2.0, 4.0, 2.5])
+    assert a == {"median": 9.0, "tolerance": 2.0 + 1.0 + 2.0, "floor": 2.0}
+    a = timing.above_floor([12.0, 10.0, 11.0], [3.0, 9.0, 2.0, 4.0, 2.5], floor_model=1.5)
+    assert a["tolerance"] == 2.0 + 1.0 + 0.5
+
+
 def test_summary_gives_median_and_spread():
     s = timing.summary([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (s["median"], s["p10"], s["p90"], s["n"]) == (3.0, 1.0, 5.0, 5)

@@ -5,8 +5,8 @@ The claim (notebooks/09_profiling_debugging.ipynb, section 2), on lecture 05's H
 exposed communication read off the profiler's trace (from the last bucket launch of the rank that
 left backward last, stamped in its log of the link, to the end of its "wait for gradients" range)
 is lecture 05's overlap model for the run's bucket plan, each bucket the model's ring, plus the
-floor (what the same steps expose on an unpaced link), within the rounds' spread
-(`profile_bench.assert_exposed_predicted`). The negative control, a wrong algorithm: a run with
+floor (the least round the same steps expose on an unpaced link), within timing.above_floor's
+tolerance (`profile_bench.assert_exposed_predicted`). The negative control, a wrong algorithm: a run with
 one bucket (every all-reduce after backward) held to the model of four 1 MiB buckets must fail
 it. The stand-ins take their time without a core, so the timings hold on a loaded machine.
 """

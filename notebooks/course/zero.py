@@ -177,7 +177,7 @@ def forward_model(gather_s, compute_s, layers, share=0.0):
 
 def assert_forward_model(added_s, gather_s, compute_s, layers, share, tolerance_s):
     """What the gathers add to each forward ({prefetch: seconds}) is the model's, within
-    tolerance_s[prefetch] (the spread of the rounds)."""
+    tolerance_s[prefetch] (the rounds' spread and the floor's)."""
     with_g = forward_model(gather_s, compute_s, layers, share)
     without = forward_model(0.0, compute_s, layers, share)
     for p, added in added_s.items():
