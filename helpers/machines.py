@@ -175,6 +175,11 @@ class Scaled:
         """(gbps, alpha_s) for helpers.standins.paced_link: one ring step of the model's link
         (machines.link), both terms scaled, the bytes as the bytes here."""
         alpha, bw = link(self.machine, self.nodes)
+        return self.paced(bw, alpha)
+
+    def paced(self, bw, alpha):
+        """(gbps, alpha_s) for helpers.standins.paced_link of a link of the model moving bw
+        bytes/s after alpha seconds (e.g. a GPU's own NIC), scaled, the bytes as the bytes here."""
         return bw / (self.bytes * self.time) / 1e9, alpha * self.time
 
     def compute(self, flops):

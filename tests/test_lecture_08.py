@@ -10,6 +10,12 @@ the 1F1B prediction from its own action times must fail it (about pm/(m+p-1) = 2
 for p = m = 4). The stand-ins take their time without a core, so the timings hold on a loaded
 machine; the timed test takes a few seconds.
 
+Section 4's claim on the H100 model (`hop_steps`): on stages that stand for a d = 8192 layer on
+2048 tokens, each activation over a GPU's own NIC on the paced link, what the hops add to a 1F1B
+step (its median less the least round of the same step unpaced, timing.above_floor) is the
+simulator's step with the model's hops (each keeping its sender) less without, within that
+tolerance. A model without hops, and one with the stages inside a node (NVLink), fail it.
+
 The same claim for ZB-H1 (the Optional section: the backward split into B and W, F = B = W of
 device-like work), with its negative control: the same split run with each W right after its B
 (1F1B's order, W not deferred: m(F+B+W) + (p-1)(F+B), 1.2 times ZB-H1's m(F+B+W) + (p-1)(F+B-W)
@@ -21,10 +27,10 @@ import pytest
 
 import torch
 
-from course.pipeline_parallel import (assert_step_predicted, bubble, gpipe, one_f_one_b,
-                                      predicted_step, run_schedule, simulate, stage_module,
-                                      step_time, zb_h1)
-from helpers import tiny
+from course.pipeline_parallel import (assert_step_predicted, bubble, gpipe, hop_steps,
+                                      one_f_one_b, predicted_step, run_schedule, simulate,
+                                      stage_module, step_time, zb_h1)
+from helpers import machines, timing, tiny
 from machinery import l08_pipeline_parallel as pp_bench
 from helpers.site import shape
 from helpers.spawn import spawn
@@ -66,6 +72,40 @@ def test_the_measured_step_is_predicted_and_a_serialised_one_is_not(timed):
         assert_step_predicted(step_time(ev), predicted_step(one_f_one_b, P, M, ev, hop))
 
 
+H100 = machines.Scaled(machines.H100, time=10, bytes=2048 * 8192 * 2 / (2 * 16 * 8))
+F_S = H100.compute(24 * 8192**2 * 2048)               # a d = 8192 layer, 2048 tokens
+NIC = machines.H100.nic_bw, machines.RING_STEP["net"]["Simple"]
+
+
+def _hop_s(bw, alpha):
+    return H100.wall(alpha + 2048 * 8192 * 2 / bw)     # an activation, scaled
+
+
+@pytest.fixture(scope="module")
+def hops_added():
+    """What the NIC's hops added to a 1F1B step on the H100 model (timing.above_floor)."""
+    runs = spawn(pp_bench.hop_rounds, P, backend="gloo", timeout=120,
+                 args=(one_f_one_b, M, 5, F_S * 1e3, H100.paced(*NIC), 16, 32, P, 2))
+    steps = [pp_bench.step_times(runs, [(paced, r) for r in range(5)]) for paced in (1, 0)]
+    return timing.above_floor(*steps, hop_steps(one_f_one_b, P, M, F_S, 0.0)[0])
+
+
+def _check_hops(added, hop_s):
+    bare, hops = hop_steps(one_f_one_b, P, M, F_S, hop_s)
+    assert abs(added["median"] - (hops - bare)) <= added["tolerance"], (added, hops - bare)
+
+
+def test_what_the_hops_add_on_the_h100_model_is_the_simulator_s(hops_added):
+    _check_hops(hops_added, _hop_s(*NIC))
+
+
+def test_a_model_without_hops_or_with_the_stages_in_one_node_fails_it(hops_added):
+    nvlink = machines.ring_bw(machines.H100), machines.RING_STEP["nvlink"]["Simple"]
+    for hop_s in (0.0, _hop_s(*nvlink)):
+        with pytest.raises(AssertionError):
+            _check_hops(hops_added, hop_s)
+
+
 def test_activations_counted(timed):
     for s, res in enumerate(timed["1F1B"]):
         assert res[M][1] == min(P - s, M)
@@ -81,6 +121,9 @@ def test_the_simulator_meets_the_formulas():
             assert step_time(serial) == pytest.approx(3 * p * m)
     ev = simulate(gpipe, 4, 4, hop=0.5)     # GPipe: 2(p-1) hops on the critical path
     assert step_time(ev) == pytest.approx((4 + 3) * 3 + 2 * 3 * 0.5)
+    for p, m in ((2, 1), (4, 4), (3, 7)):   # a send keeping its stage: 2(m+p-2) hops
+        ev = simulate(gpipe, p, m, hop=0.5, send_s=0.5)
+        assert step_time(ev) == pytest.approx((m + p - 1) * 3 + 2 * (m + p - 2) * 0.5)
 
 
 def test_the_simulator_refuses_a_stage_that_runs_a_backward_before_its_forward():

@@ -54,6 +54,8 @@ def test_a_scaled_machine_gives_the_paced_link_its_scaled_terms():
     assert alpha == pytest.approx(3.4e-3)                       # 3.4 us of the model: 3.4 ms here
     assert gbps * 1e9 == pytest.approx(18 * 20.6e9 / 64 / 1000)   # a byte here is 64 of the model
     assert s.compute(794.5e12) == pytest.approx(1000.0)          # one second of the GEMM rate
+    gbps, alpha = s.paced(machines.H100.nic_bw, 14e-6)            # a GPU's own NIC
+    assert alpha == pytest.approx(14e-3) and gbps * 1e9 == pytest.approx(50e9 / 64 / 1000)
 
 
 def test_every_published_file_names_its_source_and_is_listed():

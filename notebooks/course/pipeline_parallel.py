@@ -98,9 +98,10 @@ def run_schedule(stage, actions, xs, ys, rank, p, work=None):
     timeline = [(k, i, t[n, "start"], t[n, "end"]) for n, (k, i) in enumerate(actions)]
     return timeline, *map(max, zip(*marks)), float(loss)    # the peaks
 
-def simulate(schedule, p, m, time=None, hop=0.0):
+def simulate(schedule, p, m, time=None, hop=0.0, send_s=0.0):
     """[(stage, kind, i, start, end)]: each stage runs its actions in order, each as
-    soon as the stage is free and its input is there, `hop` after the action making it.
+    soon as the stage is free and its input is there, `hop` after the action making it,
+    whose stage stays busy `send_s` more if it sends (section 4).
     time(stage, kind): an action's duration (default t_f = 1, t_b = 2). An action
     (kind, i, c) runs chunk c of v on its rank, virtual stage c p + stage (Optional)."""
     time = time or (lambda s, kind: 2.0 if kind == "B" else 1.0)
@@ -120,8 +121,10 @@ def simulate(schedule, p, m, time=None, hop=0.0):
                 if need is not None and need not in done:
                     break
                 start = max(free[s], done[need] + (0 if own else hop) if need else 0.0)
-                free[s] = done[kind, k, i] = start + time(s, kind)
-                events.append((s, kind, i, start, free[s]))
+                done[kind, k, i] = end = start + time(s, kind)
+                sends = kind == "F" and k < v * p - 1 or kind == "B" and k > 0
+                free[s] = end + (send_s if sends else 0.0)
+                events.append((s, kind, i, start, end))
                 queues[s].pop(0)
                 progressed = True
         if not progressed:
@@ -140,11 +143,19 @@ def bubble(events, p):
 
 def predicted_step(schedule, p, m, events, hop):
     """The step `schedule` takes with the measured mean time of each stage's F, B (and
-    W) actions in `events`, each input arriving `hop` after the action that made it."""
+    W) actions in `events`, each input arriving `hop` after the action that made it,
+    whose stage the send keeps as long."""
     times = {(s, k): [e[4] - e[3] for e in events if e[0] == s and e[1] == k]
              for s in range(p) for k in "FBW"}
     mean = {key: sum(t) / len(t) for key, t in times.items() if t}
-    return step_time(simulate(schedule, p, m, lambda s, k: mean[s, k], hop))
+    return step_time(simulate(schedule, p, m, lambda s, k: mean[s, k], hop, hop))
+
+
+def hop_steps(schedule, p, m, forward_s, hop_s):
+    """(step without hops, step with hops of hop_s, each keeping its sender too) of
+    `schedule` whose forwards take forward_s and backwards twice that."""
+    time = lambda s, kind: forward_s * (2 if kind == "B" else 1)
+    return tuple(step_time(simulate(schedule, p, m, time, h, h)) for h in (0.0, hop_s))
 
 
 def assert_step_predicted(step, predicted, rel=0.15):

@@ -5,13 +5,16 @@
     hop = pp_bench.hop_of(runs)             # one-way latency of an activation, ping-pong, seconds
     runs = spawn(pp_bench.rounds, p, args=(plans, m, n, dim, hidden, depth, micro))
     ev = pp_bench.events_of(runs, (name, r))   # plan `name`'s round r, plans run in turn
-    times = spawn(pp_bench.torch_step_times, p, args=(names, m, block_ms, dim, hidden))[0]
-                                            # torch.distributed.pipelining's steps, seconds
+    runs = spawn(pp_bench.hop_rounds, p,
+                 args=(schedule, m, n, work_ms, link, dim, hidden, depth, micro))
+    steps = pp_bench.step_times(runs, [(True, r) for r in range(n)])   # on the paced link
 
 It wraps the lecture's plain engine (course.pipeline_parallel.run_schedule) from outside: each
 action's extra work is `standins.device_compute` (work_ms a forward and twice that a backward,
 or {kind: ms} for every kind of action: "F", "B", "W"), which takes its time without a core (a host
 sleep on the CPU, a kernel spinning on the stream on a GPU), so p stages overlap even on 2 cores.
+Given a link, (gbps, alpha_s) of standins.paced_link (helpers.machines.Scaled.paced: the H100
+model's NIC), every message between stages pays its time, the sender's host sleeping it (gloo).
 The hop latency is measured apart, before and after the steps: rank 0 and rank 1 bounce an
 activation-sized tensor through `batch_isend_irecv` (the engine's path); the hop is half the
 fastest of the 40 round trips, as load and wake-ups only add to a trip (a median of 20 moved
@@ -69,17 +72,37 @@ def _step(stage, schedule, m, work, rank, p, dim, micro, dev):
     return timeline, peak, peak_bytes
 
 
-def timed_steps(rank, p, schedule, ms, work_ms, dim, hidden, depth, micro):
+def timed_steps(rank, p, schedule, ms, work_ms, dim, hidden, depth, micro, link=None):
     """{m: (timeline, peak micro-batches, peak bytes)} for each m in ms, and {"hop": seconds}
-    (rank 0's; None elsewhere)."""
+    (rank 0's; None elsewhere), the steps over standins.paced_link(*link) if given (gloo)."""
     stage, work, dev = _setup(rank, p, work_ms, dim, hidden, depth)
-    hops = [_hop(rank, (micro, dim), dev)]
-    out = {}
-    for m in [ms[0]] + list(ms):                   # the first run is a warm-up
-        out[m] = _step(stage, schedule, m, work, rank, p, dim, micro, dev)
-    hops.append(_hop(rank, (micro, dim), dev))     # before and after: the fastest
+    with standins.paced_link(*(link or (None,))):
+        hops = [_hop(rank, (micro, dim), dev)]
+        out = {}
+        for m in [ms[0]] + list(ms):               # the first run is a warm-up
+            out[m] = _step(stage, schedule, m, work, rank, p, dim, micro, dev)
+        hops.append(_hop(rank, (micro, dim), dev))  # before and after: the fastest
     out["hop"] = min(hops) if rank == 0 else None
     return out
+
+
+def hop_rounds(rank, p, schedule, m, n, work_ms, link, dim, hidden, depth, micro):
+    """{(paced, r): (timeline, peak micro-batches, peak bytes)} of n rounds of a step of m
+    micro-batches, each on standins.paced_link(*link) (paced=True) and then on an unpaced
+    link (the floor), after a warm-up round."""
+    stage, work, dev = _setup(rank, p, work_ms, dim, hidden, depth)
+    out = {}
+    for r in [0] + list(range(n)):                 # the first round is a warm-up
+        for paced in (True, False):
+            with standins.paced_link(*(link if paced else (None,))):
+                out[paced, r] = _step(stage, schedule, m, work, rank, p, dim, micro, dev)
+    return out
+
+
+def step_times(per_rank, keys):
+    """The step time (course.pipeline_parallel.step_time) of each key's events_of."""
+    from course.pipeline_parallel import step_time
+    return [step_time(events_of(per_rank, key)) for key in keys]
 
 
 def rounds(rank, p, plans, m, n, dim, hidden, depth, micro):
@@ -109,38 +132,36 @@ def hop_of(per_rank):
     return per_rank[0]["hop"]
 
 
-def torch_step_times(rank, p, names, m, block_ms, dim, hidden, steps=3):
-    """{schedule name: [seconds of each step]} of torch.distributed.pipelining's schedules on
-    a model of 2p device-like blocks (standins.DeviceLike, block_ms forward, twice that
-    backward): one stage of two blocks per rank, or two chunks of one block when the name
-    says "Interleaved". A first step warms up."""
-    from torch.distributed import pipelining
-    from course.pipeline_parallel import stage_module
-    dev = device()
-    x, y = tiny.batch(4 * m, dim, seed=1, device=dev)
-    out = {}
-    for name in names:
-        model = torch.nn.Sequential(*[standins.DeviceLike(b, block_ms / 1e3)
-                                      for b in tiny.model(dim, hidden, 2 * p, seed=0)]).to(dev)
-        n, ks = (2 * p, [rank, p + rank]) if "Interleaved" in name else (p, [rank])
-        stages = [pipelining.PipelineStage(stage_module(model, k, n), k, n, dev) for k in ks]
-        schedule = getattr(pipelining, name)(stages if len(ks) > 1 else stages[0],
-                                             n_microbatches=m, loss_fn=tiny.loss)
-        times = []
-        for _ in range(steps + 1):
-            dist.barrier()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            if rank == 0:
-                schedule.step(x)
-            elif rank == p - 1:
-                schedule.step(target=y, losses=[])
-            else:
-                schedule.step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            dist.barrier()
-            times.append(time.perf_counter() - t0)
-        out[name] = times[1:]
-    return out
+def draw_schedule(ax, events, p, title):
+    """Gantt chart of [(stage, kind, i, start, end)]: a row per stage, forwards and backwards
+    coloured, each bar labelled with its micro-batch where it is wide enough."""
+    from course.pipeline_parallel import step_time
+    from helpers import plots
+    t0, width = min(e[3] for e in events), step_time(events)
+    ax.barh([e[0] for e in events], [e[4] - e[3] for e in events],
+            left=[e[3] - t0 for e in events], height=0.8, edgecolor="k", linewidth=0.4,
+            color=[plots.COLORS[0] if e[1] == "F" else plots.COLORS[1] for e in events])
+    for s, kind, i, start, end in events if len(events) <= 160 else []:
+        if end - start > width / 50:
+            ax.text((start + end) / 2 - t0, s, str(i), ha="center", va="center",
+                    fontsize=7, color="w")
+    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.grid(False)
+    ax.set_title(title, fontsize=9, loc="left")
+
+
+def draw_schedules(panels, p, xlabel):
+    """One Gantt chart (draw_schedule) a row, for each (events, title) of `panels`."""
+    import matplotlib.pyplot as plt
+    from helpers import plots
+    fig, axes = plots.figure(nrows=len(panels), width=11, height=0.4 + 2.2 * len(panels),
+                             sharex=True)
+    for ax, (events, title) in zip(axes, panels):
+        draw_schedule(ax, events, p, title)
+    axes[-1].set_xlabel(xlabel)
+    legend = [plt.Rectangle((0, 0), 1, 1, color=plots.COLORS[k], label=label)
+              for k, label in enumerate(["forward", "backward"])]
+    axes[0].legend(handles=legend, loc="lower right", ncol=2, fontsize=8)
+    fig.subplots_adjust(hspace=0.45)
+    return fig
