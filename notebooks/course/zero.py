@@ -157,8 +157,8 @@ class ShardedUnit(nn.Module):
         return {k: v.clone() for k, v in self.views(full).items()}
 
 def prefetch_forward(units):
-    """Before unit i's forward, issue its all-gather (if not yet issued) and unit i+1's,
-    as FSDP2's unit.set_modules_to_forward_prefetch([next_unit]) does."""
+    """Before unit i's forward, issue its all-gather (if not yet issued) and unit i+1's
+    (FSDP2's set_modules_to_forward_prefetch: i+1's after i's all-gather copy-out)."""
     def hook(unit, args, nxt):
         if unit.pending is None:
             unit.start_unshard()
