@@ -55,8 +55,8 @@ def summary(samples):
 def floor(rounds):
     """The laptop's floor from `rounds` (seconds) of some work on an unpaced link: {"least": the
     least round, "spread": from it to the median}. Load and the laptop's scheduling add to a
-    round and never take one away (a collective on a comm thread here now and then waits a few
-    ms more, in runs of rounds), so the least round is the floor and the rest its spread."""
+    round and never take one away (an unpaced gloo exchange here now and then takes ~5 ms more,
+    in runs of rounds), so the least round is the floor and the rest its spread."""
     least = min(rounds)
     return {"least": least, "spread": statistics.median(rounds) - least}
 
