@@ -65,11 +65,11 @@ def test_the_exposed_communication_is_predicted_and_a_serialised_run_is_not(runs
     for cap, (per_rank, steps, model) in runs.items():
         assert len(steps) == 5 and all(tuple(r) == RANGES for s in steps for r in s)
         measured = profile_bench.exposed(steps, _links(per_rank))
-        profile_bench.assert_exposed_predicted(measured, profile_bench.floor(per_rank), model)
+        profile_bench.assert_exposed_predicted(measured, profile_bench.floor_rounds(per_rank), model)
     per_rank, steps, _ = runs[4]
     one_bucket = profile_bench.exposed(steps, _links(per_rank))
     with pytest.raises(AssertionError):
-        profile_bench.assert_exposed_predicted(one_bucket, profile_bench.floor(runs[1][0]),
+        profile_bench.assert_exposed_predicted(one_bucket, profile_bench.floor_rounds(runs[1][0]),
                                                runs[1][2])
 
 

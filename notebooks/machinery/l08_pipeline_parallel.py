@@ -7,7 +7,7 @@
     ev = pp_bench.events_of(runs, (name, r))   # plan `name`'s round r, plans run in turn
     runs = spawn(pp_bench.hop_rounds, p,
                  args=(schedule, m, n, work_ms, link, dim, hidden, depth, micro))
-    steps = pp_bench.step_times(runs, [(True, r) for r in range(n)])   # on the paced link
+    added = pp_bench.hops_added(runs, n, bare)     # timing.above_floor of the paced rounds
 
 It wraps the lecture's plain engine (course.pipeline_parallel.run_schedule) from outside: each
 action's extra work is `standins.device_compute` (work_ms a forward and twice that a backward,
@@ -103,6 +103,14 @@ def step_times(per_rank, keys):
     """The step time (course.pipeline_parallel.step_time) of each key's events_of."""
     from course.pipeline_parallel import step_time
     return [step_time(events_of(per_rank, key)) for key in keys]
+
+
+def hops_added(per_rank, n, bare):
+    """What the paced link's hops added to the step of hop_rounds' n rounds: timing.above_floor
+    of the paced rounds over the unpaced ones, whose model (`bare`) is the step without hops."""
+    from helpers import timing
+    paced, unpaced = (step_times(per_rank, [(p, r) for r in range(n)]) for p in (True, False))
+    return timing.above_floor(paced, unpaced, bare)
 
 
 def rounds(rank, p, plans, m, n, dim, hidden, depth, micro):

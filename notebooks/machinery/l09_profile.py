@@ -6,7 +6,7 @@ the per-iteration breakdown read off its Chrome traces.
     steps = profile_bench.steps_of(runs)          # per step, per rank: {range: (start, end)} s
     measured = profile_bench.exposed(steps, [r["link"] for r in runs])  # last launch to wait's end
     model = profile_bench.modelled_exposed(runs[0]["plan"], depth, backward_s, comm_s)
-    profile_bench.assert_exposed_predicted(measured, profile_bench.floor(runs), model)
+    profile_bench.assert_exposed_predicted(measured, profile_bench.floor_rounds(runs), model)
 
 `profiled_steps` wraps the lecture's plain step from outside: lecture 05's BucketedDDP over the
 tiny model whose blocks are `standins.DeviceLike` (forward_s a block, backward twice that, without
@@ -128,7 +128,7 @@ def modelled_exposed(plan, depth, backward_s, comm_s):
     return exposed_comm(ready, [comm_s(n) for _, n in plan])
 
 
-def floor(runs):
+def floor_rounds(runs):
     """Per round, the most any rank exposed on the unpaced link (profiled_steps' "floor")."""
     return [max(f) for f in zip(*(run["floor"] for run in runs))]
 
