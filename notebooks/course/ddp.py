@@ -45,19 +45,18 @@ class BucketedDDP(torch.nn.Module):
         self.module, self.world_size = module, dist.get_world_size()
         self.require_sync = self.syncing = True
         broadcast_parameters(module)
-        self.buckets, size = [[]], 0
+        self.buckets, size, dtype = [[]], 0, None
         for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            if size >= bucket_cap_mb * 2**20:                 # reached the cap: closed
-                self.buckets.append([])
+            if self.buckets[-1] and (size >= bucket_cap_mb * 2**20 or p.dtype != dtype):
+                self.buckets.append([])           # the cap reached, or another dtype
                 size = 0
             self.buckets[-1].append(p)
-            size += p.numel() * p.element_size()
+            size, dtype = size + p.numel() * p.element_size(), p.dtype
         self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype,
                                  device=b[0].device) for b in self.buckets]
         self.slot = {}                                        # p -> its bucket's view
         for i, bucket in enumerate(self.buckets):
-            views = self.flat[i].split([p.numel() for p in bucket])
-            for p, view in zip(bucket, views):
+            for p, view in zip(bucket, self.flat[i].split([p.numel() for p in bucket])):
                 self.slot[p] = (i, view)
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self._new_backward()
@@ -67,6 +66,7 @@ class BucketedDDP(torch.nn.Module):
         self.works, self.next = [], 0
 
     def forward(self, *args, **kwargs):
+        assert not self.next, "finish_gradient_sync() was skipped after a backward"
         self.syncing = self.require_sync              # torch decides at forward
         return self.module(*args, **kwargs)
 

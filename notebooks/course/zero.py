@@ -26,7 +26,7 @@ class ZeroOptimizer:
     of that slice only."""
 
     def __init__(self, params, optimizer_class, *, master_dtype=None, **defaults):
-        self.params = list(params)
+        self.params = [p for p in params if p.requires_grad]   # frozen ones: left out
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
         self.shards = [flat_shard(p, self.n, self.rank).to(master_dtype or p.dtype)
                        for p in self.params]   # the master copy of this rank's slices
@@ -47,6 +47,8 @@ class ZeroOptimizer:
     @torch.no_grad()
     def step(self):
         for i, (p, shard) in enumerate(zip(self.params, self.shards)):
+            if p.grad is None and self.grads[i] is None:   # no gradient: skipped
+                continue                # as torch's optimizers do, every rank alike
             grad = self.mean_grad(p, shard) if self.grads[i] is None else self.grads[i]
             shard.grad = grad.to(shard.dtype)
         self.optim.step()                               # only this rank's slices
@@ -117,12 +119,14 @@ class ShardedUnit(nn.Module):
         super().__init__()
         self.n, rank = dist.get_world_size(), dist.get_rank()
         named = list(layer.named_parameters())
+        assert all(p.requires_grad for _, p in named), "a frozen parameter (as FSDP1)"
         self.names, self.shapes = [k for k, _ in named], [p.shape for _, p in named]
         flat = torch.cat([p.detach().reshape(-1) for _, p in named])
         self.numel = flat.numel()
         self.shard = nn.Parameter(flat_shard(flat, self.n, rank))   # the optimizer's
         self.param_dtype = param_dtype or flat.dtype
         self.reduce_dtype = reduce_dtype or self.param_dtype
+        self.bufs = dict(layer.named_buffers())      # buffers stay whole, as in FSDP2
         self.code = [layer.to("meta")]   # a list: the layer's code, not its parameters
         self.pending, self.full_again = None, None
 
@@ -145,10 +149,10 @@ class ShardedUnit(nn.Module):
         return {k: v.view(s) for k, v, s in zip(self.names, flat, self.shapes)}
 
     def forward(self, x):
+        x = x.to(self.param_dtype) if x.is_floating_point() else x   # token ids stay
         full = GatherParams.apply(self.shard, self)
         with torch.autograd.graph.saved_tensors_hooks(*place_only(self, full)):
-            return functional_call(self.code[0], self.views(full),
-                                   (x.to(self.param_dtype),))
+            return functional_call(self.code[0], self.views(full) | self.bufs, (x,))
 
     def full_state_dict(self):
         """The layer's full parameters in the shard's dtype (every rank gets them)."""
