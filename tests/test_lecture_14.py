@@ -120,21 +120,14 @@ def _markdown(title):
     return " ".join(" ".join(out).split())
 
 
-def test_section_5s_numbers_are_those_the_paper_comparison_gives():
-    # the prose quotes the comparison's figures: they must be the ones paper.compare() computes (with
-    # the configurations as Megatron-LM ran them); a prose written for another comparison fails
-    rows = paper.compare()
-    text = _markdown("## 5. Checked against the paper")
-    got = re.search(r"efficiency ([0-9.]+); median \|error\| over the nine predicted rows "
-                    r"([0-9.]+) % for the planner, ([0-9.]+) % for the constant, ([0-9.]+) %", text)
-    assert got, "section 5 no longer quotes the comparison"
+def test_section_5s_claim_is_the_paper_comparisons():
+    # the prose states the comparison's claim, not its figures (CONTRIBUTING.md): the planner's
+    # median error above both baselines' and the smaller in no predicted row; a prose that quotes
+    # the run's numbers again, or a comparison where the planner wins a row, fails
+    rows, text = paper.compare(), _markdown("## 5. Checked against the paper")
+    assert "has no skill" in text and not re.search(r"\d+\.\d+ %", text)
     skill = paper.skill(rows)
-    assert float(got[1]) == pytest.approx(rows[0]["efficiency"], abs=5e-4)
-    for quoted, key in zip(got.groups()[1:], ("error", "constant error", "trend error")):
-        assert float(quoted) == pytest.approx(100 * skill[key], abs=0.05), key
-    choices = {r["model"]: r["choice"] for r in rows}
-    assert choices["76.1B"] == "forced" and choices["1008B"] == "pick"
-    assert sum(c.startswith("tie") for c in choices.values()) == 5
-    for model, gap in re.findall(r"([0-9.]+B) \(\+([0-9]+) %\)", text):
-        assert choices[model] == f"not chosen, +{gap}%", model
-    assert len([c for c in choices.values() if c.startswith("not chosen")]) == 3
+    assert skill["error"] > max(skill["constant error"], skill["trend error"])
+    kept = [r for r in rows if not r["fitted"]]
+    assert not any(abs(r["error"]) < min(abs(r["constant error"]), abs(r["trend error"]))
+                   for r in kept)

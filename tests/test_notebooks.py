@@ -67,6 +67,7 @@ def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
                if c["cell_type"] == "code" and "".join(c["source"]).strip()]
         errors = [o.get("ename") for c in ran for o in c.get("outputs", []) if o["output_type"] == "error"]
         assert ran and all(c["execution_count"] for c in ran) and not errors, (path.name, errors)
+        assert_no_quoted_figures(out)
         return
     try:
         # helpers.site.headless: papermill, with the fix of the client's missed wake-ups (a widget lecture
@@ -80,6 +81,17 @@ def test_notebook_executes_headless(path, extra, tmp_path, executed_dir):
         pytest.fail(f"{path.name} with {params}: code cell {e.exec_count} (cell index {e.cell_index}) "
                     f"failed with {e.ename}: {e.evalue}\n\nThe cell begins:\n{source}\n\n{tb}",
                     pytrace=False)
+    if not extra:
+        assert_no_quoted_figures(out)
+
+
+def assert_no_quoted_figures(executed):
+    """CONTRIBUTING.md's rule: no markdown figure repeats a number the lecture prints
+    (helpers.site.quoted; a cited constant or a chosen size is allowed there, with its reason)."""
+    from helpers.site import quoted
+    found = quoted.flagged(json.loads(executed.read_text()), executed.name[:2])
+    assert not found, (f"{executed.name}: markdown repeats printed figures (executed cell index, "
+                       f"figure): {found}; state the asserted bound or let the output show it")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
