@@ -58,9 +58,9 @@ images: $(READY)
 #    agents as two nodes; lecture 01's runs, with two hangs each; they mostly wait; and lecture 12
 #    at WORLD_SIZE=3, to even the streams: tests/test_notebooks.py's BALANCED) at a lower priority
 #    (nice 10); the lectures that assert no timing (marked `untimed` in tests/test_notebooks.py: 10,
-#    11, 12, 13, 16, with their other world sizes); and, in the foreground, UNTIMED (the launcher's hangs and kills,
-#    programs and counts checked exactly, the conventions; the waiting ones first, so that the
-#    streams share idle cores);
+#    11, 12, 13, 16, with their other world sizes); and, in the foreground, UNTIMED (the launcher's
+#    hangs and kills, programs and counts checked exactly, the conventions; the waiting ones first,
+#    so that the streams share idle cores);
 # 2. after all three: everything else (every timed test and lecture, JupyterLab's run of the lectures
 #    with widgets, whose timed checks a second stream moved by 30 % once, and the site), one after
 #    another, alone.
