@@ -96,7 +96,7 @@ def assert_no_quoted_figures(executed):
     from helpers.site import quoted
     found = quoted.flagged(json.loads(executed.read_text()), executed.name[:2])
     assert not found, (f"{executed.name}: markdown repeats printed figures (executed cell index, "
-                       f"figure): {found}; state the asserted bound or let the output show it")
+                       f"figures): {found}; state the asserted bound or let the output show it")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
