@@ -66,8 +66,9 @@ class TinyLM(nn.Module):
 
 
 def model(dtype, mixed=False):
+    """The seeded model in `dtype` (mixed: fp32 with its bf16 scale)."""
     torch.manual_seed(0)
-    return TinyLM(mixed).to(dtype) if not mixed else TinyLM(mixed)
+    return TinyLM(mixed) if mixed else TinyLM().to(dtype)
 
 
 def batch(rank, n):
@@ -155,11 +156,11 @@ def _zero(rank, n, dtype, which):
         from torch.distributed.optim import ZeroRedundancyOptimizer
         net = nn.parallel.DistributedDataParallel(m)
         opt = ZeroRedundancyOptimizer(m.parameters(), torch.optim.AdamW, **hp)
+    elif which == "none":                               # no synchronisation
+        net, opt = m, torch.optim.AdamW(m.parameters(), **hp)
     else:
-        cls = {"zero1": ZeroOptimizer, "zero2": Zero2Optimizer}.get(which)
-        net = m
-        opt = cls(m.parameters(), torch.optim.AdamW, **hp) if cls else \
-            torch.optim.AdamW(m.parameters(), **hp)     # "none": no synchronisation
+        cls = {"zero1": ZeroOptimizer, "zero2": Zero2Optimizer}[which]
+        net, opt = m, cls(m.parameters(), torch.optim.AdamW, **hp)
     for _ in range(STEPS):
         opt.zero_grad()
         loss(net(x), y).backward()
