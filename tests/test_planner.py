@@ -1,13 +1,12 @@
-"""Tests of lecture 14's planner, notebooks/machinery/l14_planner/ (step, counts, measured, paper): memory,
+"""Tests of lecture 14's planner, notebooks/machinery/l14_planner/ (step, counts, modelled, paper): memory,
 traffic and time computed by hand, the overlap cap, the efficiency fitted and the baselines, feasibility rules,
-ranking, the small-model mode of nd3d's tiny GPT (FLOPs counted by torch, gradients counted by tensor),
-the alpha-beta inversion, the paper's table against itself, and the layouts production runs make
+ranking, nd3d's tiny GPT as a planner model (FLOPs counted by torch, gradients counted by tensor, the
+prediction of section 4 on the H100 model), the paper's table against itself, and the layouts production runs make
 (unequal stages, interleaving, context and expert parallelism, logits and fp32 main gradients in
 memory, ZeRO-2/3 with a pipeline, the last stage's copy of a tied embedding, each stage's interleaved
 warm-up, MoE all-to-alls of each tensor-parallel rank's tokens), each by hand with a negative control;
 Table 1's rows as Megatron-LM's script ran them (micro-batch, interleaving). Fast: no process group."""
 import math
-import statistics
 
 import pytest
 import torch
@@ -218,7 +217,16 @@ def test_ring_costs_are_the_helpers():
 # ------------------------------------------------------------- small-model mode (nd3d's tiny GPT)
 
 CFG = dict(vocab=64, dim=32, heads=4, depth=4, seq=16, batch=8)
-MACHINE = {"flops": 1e9, "ar_alpha": 1e-4, "ar_bw": 1e9, "p2p_alpha": 2e-4, "p2p_bw": 5e8, "element": 8}
+# a cluster whose numbers can be followed by hand: 1 GFLOP/s, a ring step 1e-4 s + n / 1 GB/s, a
+# pipeline message 2e-4 s + n / 0.5 GB/s; float64 (8-byte) elements as nd3d's tiny GPT runs
+NODE = {"gpus_per_node": 8, "nodes": 1, "memory": 1e12, "peak_flops": 1e9, "efficiency": 1.0,
+        "intra_bw": 1e9, "intra_alpha": 1e-4, "inter_bw": 1e9, "inter_alpha": 1e-4,
+        "p2p_bw": 5e8, "p2p_alpha": 2e-4}
+
+
+def tiny_step(dp, tp, pp, m, cfg=CFG, cluster=NODE):
+    return planner.step_time(planner.tiny_model(cfg), cluster, cfg["batch"], cfg["batch"] // (dp * m),
+                             dp, tp, pp, zero=0, recompute="none", element=8)
 
 
 def test_executed_flops_equal_torch_count():
@@ -234,7 +242,7 @@ def test_executed_flops_equal_torch_count():
 
 def test_tiny_step_by_hand():
     h, s, V = 32, 16, 64
-    t = planner.tiny_step_time(CFG, MACHINE, dp=1, tp=2, pp=2, micro_batches=2)
+    t = tiny_step(dp=1, tp=2, pp=2, m=2)
     b = 4                                                    # 8 samples / (dp 1 x m 2)
     flops = 2 * 72 * b * s * h * h * (1 + s / (6 * h)) / 2 + 6 * b * s * h * V   # 2 blocks / tp, whole head
     act = 8 * b * s * h
@@ -244,21 +252,26 @@ def test_tiny_step_by_hand():
     assert t["compute"] == pytest.approx(2 * flops / 1e9)
     assert t["bubble"] == pytest.approx(slot) and t["data"] == 0.0
     assert t["total"] == pytest.approx(3 * slot)             # m + p - 1 slots
-    one = planner.tiny_step_time(CFG, MACHINE, 1, 1, 1, 1)
+    one = tiny_step(1, 1, 1, 1)
     assert one["tensor"] == one["p2p"] == one["bubble"] == one["data"] == 0.0
     assert one["total"] == pytest.approx(planner.executed_flops(planner.tiny_model(CFG), 8) / 1e9)
 
 
-def test_tiny_step_is_the_planners_step_time(monkeypatch):
-    # one model: the small-model mode is step_time on the machine's figures, traffic and bubble included
-    t = planner.tiny_step_time(CFG, MACHINE, dp=2, tp=2, pp=1, micro_batches=2)
+def test_predict_is_step_time_on_the_scaled_model_and_the_node(monkeypatch):
+    # one model: section 4's prediction is step_time on the GPT S times larger (bf16) and one node of
+    # the machine model (its achieved GEMM rate, NCCL's NVLink step), traffic and bubble included
+    from helpers import machines
+    t = planner.predict(CFG, 128, dp=2, tp=2, pp=1, micro_batches=2)
     assert t["traffic"]["tensor"]["kind"] == {"all_reduce": 4 * 4 * 2}      # 4 per block, 4 blocks, m = 2
     assert t["traffic"]["data"]["kind"] == {"all_reduce": 1}
-    same = planner.step_time(planner.tiny_model(CFG), planner.machine_cluster(MACHINE), 8, 2, 2, 2, 1,
-                             zero=0, recompute="none", element=8)
-    assert t == same
-    monkeypatch.setattr(planner.measured, "step_time", lambda *a, **k: {"total": -1.0})  # a changed model
-    assert planner.tiny_step_time(CFG, MACHINE, 2, 2, 1, 2) == {"total": -1.0}  # ... is the tiny one too
+    big = planner.scaled_model(CFG, 128)
+    assert (big["hidden"], big["seq"], big["vocab"], big["layers"]) == (4096, 2048, 8192, 4)
+    node = planner.node_cluster(machines.H100)
+    assert node["peak_flops"] * node["efficiency"] == machines.H100.gemm_flops
+    assert (node["intra_alpha"], node["intra_bw"]) == machines.link(machines.H100)
+    assert t == planner.step_time(big, node, 8, 2, 2, 2, 1, zero=0, recompute="none")
+    monkeypatch.setattr(planner.modelled, "step_time", lambda *a, **k: {"total": -1.0})  # a changed model
+    assert planner.predict(CFG, 128, 2, 2, 1, 2) == {"total": -1.0}        # ... is section 4's too
 
 
 def test_tiny_gradient_bytes_match_the_model():
@@ -272,19 +285,17 @@ def test_tiny_gradient_bytes_match_the_model():
         count = lambda mine: sum(p.numel() / (tp if any(k in n for k in split) else 1)  # noqa: E731
                                  for n, p in gpt.named_parameters() if any(n.startswith(m) for m in mine))
         n = count(set(first + last)) if pp == 1 else max(count(first), count(last))
-        t = planner.tiny_step_time(CFG, MACHINE, dp=2, tp=tp, pp=pp, micro_batches=1)
+        t = tiny_step(dp=2, tp=tp, pp=pp, m=1)
         assert t["data"] == pytest.approx(cost.ring_all_reduce(8 * n, 2, 1e9, 1e-4)), (tp, pp)
 
 
-def test_ring_link_inverts_the_ring_model():
-    # rows as helpers.bench writes them, times from the ring model: the fit returns alpha and B
-    for k in (2, 4):
-        rows = [{"world_size": k, "size": n, "time_us": 1e6 * cost.ring_all_reduce(n, k, 2e9, 3e-5)}
-                for n in (4096, 65536, 2 ** 20)]
-        alpha, bw = planner.ring_link(rows)
-        assert alpha == pytest.approx(3e-5) and bw == pytest.approx(2e9)
-    alpha, bw = planner.p2p_link([{"size": n, "time_us": 1e6 * (5e-5 + n / 1e9)} for n in (1024, 2 ** 20)])
-    assert alpha == pytest.approx(5e-5) and bw == pytest.approx(1e9)
+def test_nd3d_layouts_are_the_splits_nd3d_runs():
+    cfg = dict(CFG, heads=8, depth=8, batch=16)
+    got = planner.nd3d_layouts(8, cfg)
+    assert len(got) == 16 and len(planner.nd3d_layouts(4, cfg)) == 9
+    assert all(d * t * p == 8 and cfg["batch"] % (d * m) == 0 for d, t, p, m in got)
+    assert {m for d, t, p, m in got if p == 4} == {4, 8} and (1, 8, 1, 2) in got
+    assert not [lay for lay in planner.nd3d_layouts(8, dict(cfg, heads=4)) if lay[1] == 8]  # whole heads
 
 
 # ------------------------------------------------------------------------------ the paper
@@ -335,117 +346,6 @@ def test_choice_marks_forced_ties_and_picks():
     assert paper.choice(ranked(1.0, 1.1), 1) == "pick"
     assert paper.choice(ranked(1.0, 1.1), 2) == "not chosen, +10%"
     assert paper.choice(ranked(1.0), None) == "does not fit"
-
-
-def _machine_that_follows_the_model():
-    """(truth, machine_rank's results) made from the model itself: c0, R, alpha and B known."""
-    truth = dict(MACHINE, c0=2e-3)
-    f = lambda n: planner.executed_flops(planner.tiny_model(CFG), n)   # noqa: E731
-    sizes = [4096, 65536, 2 ** 20]
-
-    def sweep(kind, model):
-        return [{"label": kind, "kind": kind, "size": n, "count": n // 8, "times": [model(n)],
-                 "wrong": 0} for n in sizes]
-    alone = truth["c0"] + f(8) / truth["flops"]
-    ring = cost.ring_all_reduce(65536, 2, 1e9, 1e-4)
-    machine = {"step_s": {n: [truth["c0"] + f(n) / truth["flops"]] * 3 for n in (8, 4, 2)},
-               "busy_s": {1: alone, 2: alone},                      # two cores: no slowdown
-               "after": {(2, 65536): [(0.0, ring)] * 3},            # no wait beyond the ring
-               "sweep": {"host": "h", "backend": "gloo", "method": "nccl-tests", "iters": 5,
-                         "rows": sweep("all_reduce", lambda n: cost.ring_all_reduce(n, 2, 1e9, 1e-4))
-                         + sweep("send_recv", lambda n: 2e-4 + n / 5e8)}}
-    return truth, machine
-
-
-def test_compare_recovers_a_machine_that_follows_the_model():
-    # run_rank's results made from the model itself (2 ranks, 2 rounds): the fits give back c0, R,
-    # alpha and B, and every configuration's predicted step equals its "measured" one
-    truth, machine = _machine_that_follows_the_model()
-    configs = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
-    runs = {c: {"step_s": [planner.tiny_step_time(CFG, truth, *c, 2)["total"]] * 3} for c in configs}
-    per_rank = [{"machine": [machine, machine], "runs": [runs, runs]}] * 2
-    got, rows, error = planner.compare(per_rank, CFG, 2)
-    assert planner.compare(per_rank, CFG, 2, stat=min)[2] == pytest.approx(0.0, abs=1e-6)
-    for key in ("c0", "flops", "ar_alpha", "ar_bw", "p2p_alpha", "p2p_bw"):
-        assert got[key] == pytest.approx(truth[key], rel=1e-6), key
-    assert [r["dp,tp,pp"] for r in rows] == ["2,1,1", "1,2,1", "1,1,2"]
-    assert error == pytest.approx(0.0, abs=1e-6)
-
-
-def test_shared_cores_price_each_slot_at_its_busy_ranks_speed():
-    # Two cores, perfectly shared: n ranks computing at once each run max(1, n/2) times slower. 1F1B
-    # played by hand, a forward f and a backward 2f per micro-batch (one slot's compute: 3f), m = 2:
-    # dp=2, pp=2 on 4 ranks: F0 alone (f); F1 and F0 on both stages, 4 ranks (2f); B0 alone on the
-    # last (2f); then 1F1B's tail of B0, F1, B1 on both stages and B1 on the first: 12f = 4 slots' worth.
-    # dp=1, pp=4: never more than 2 stages (2 ranks) at once: 15f = 5 slots, every slot at full speed.
-    # dp=1, tp=2, pp=2 counts ranks as dp=2, pp=2 does (2 per stage): 4 slots' worth, as by hand.
-    two_cores = dict(MACHINE, slowdown={1: 1.0, 2: 1.0, 4: 2.0})
-    for (dp, tp, pp), slots in (((2, 1, 2), 4), ((1, 1, 4), 5), ((1, 2, 2), 4)):
-        alone = planner.tiny_step_time(CFG, MACHINE, dp=dp, tp=tp, pp=pp, micro_batches=2)
-        shared = planner.tiny_step_time(CFG, two_cores, dp=dp, tp=tp, pp=pp, micro_batches=2)
-        slot = alone["compute"] / 2                                  # one micro-batch, a core to itself
-        assert shared["compute"] == alone["compute"] and shared["bubble"] == alone["bubble"]
-        assert shared["sharing"] == pytest.approx(slot * (slots - (2 + pp - 1)))   # beyond m + p - 1 slots
-        calls = (2 + pp - 1) / 2 * (alone["tensor"] + alone["p2p"])
-        assert shared["total"] == pytest.approx(slots * slot + calls + alone["data"])
-        # the cluster's closed form at every rank busy (the old price) is slower by the bubble's idle cores
-        busy = dict(MACHINE, flops=MACHINE["flops"] / 2)
-        assert planner.tiny_step_time(CFG, busy, dp, tp, pp, 2)["total"] > shared["total"] + slot / 2
-    assert planner.shared_slots(4, {1: 1.0, 2: 1.0, 4: 2.0}, 2, 2) == [1.0, 2.0, 1.0]
-    assert planner.shared_slots(8, {}, 4, 2) == [1.0] * 5                     # a GPU per rank
-    assert planner.slowdown_at({1: 1.0, 2: 1.0, 4: 2.0, 8: 4.0}, 6) == pytest.approx(3.0)
-
-
-def test_data_wait_is_added_per_data_parallel_call():
-    waits = dict(MACHINE, data_wait={2: 0.01, 4: 0.5})
-    for dp, tp, pp in ((2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1)):
-        plain = planner.tiny_step_time(CFG, MACHINE, dp, tp, pp, 1)
-        wait = waits["data_wait"][dp]                               # looked up by the group's size
-        assert planner.tiny_step_time(CFG, waits, dp, tp, pp, 1)["data"] == pytest.approx(plain["data"] + wait)
-    assert planner.tiny_step_time(CFG, waits, 1, 2, 2, 1) == planner.tiny_step_time(CFG, MACHINE, 1, 2, 2, 1)
-
-
-def test_after_waits_take_the_last_start_to_the_last_end_less_the_ring():
-    from machinery.l14_planner import measured as planner_machine
-    ring = cost.ring_all_reduce(1024, 2, 1e9, 1e-4)
-    # rank 1 starts 5 ms late and both end 2 ms after it: the call waited 2 ms less the ring's time
-    per_rank = [{"after": {(2, 1024): [(0.000, 0.007)] * 3}}, {"after": {(2, 1024): [(0.005, 0.007)] * 3}}]
-    waits = planner_machine.after_waits(per_rank, (1e-4, 1e9), statistics.median)
-    assert waits == {2: pytest.approx(0.002 - ring)}
-    # negative control: timed from the first start instead, it would be 7 ms
-    assert waits[2] < 0.007 - ring - 1e-3
-    # four ranks, groups of 2 and of 4: every rank's stamps of a call taken together, each group
-    # size's ring subtracted (the last start at 3 ms, the last end at 10 ms: 7 ms)
-    stamps = [(0.000, 0.010), (0.003, 0.009), (0.001, 0.008), (0.002, 0.010)]
-    per_rank = [{"after": {(2, 1024): [s] * 3, (4, 1024): [s] * 3}} for s in stamps]
-    waits = planner_machine.after_waits(per_rank, (1e-4, 1e9), statistics.median)
-    assert waits == {2: pytest.approx(0.007 - ring), 4: pytest.approx(0.007 - cost.ring_all_reduce(1024, 4, 1e9, 1e-4))}
-
-
-def test_configurations_and_summary_pool_the_rank_counts():
-    # the lecture's and the bench's layouts: 6 of 4 ranks, 8 of 8 for the tiny GPT of section 3
-    from machinery.l14_planner import measured as planner_machine
-    cfg = dict(CFG, dim=64, seq=32, batch=16, heads=4, depth=4)
-    assert len(planner_machine.configurations(4, cfg, 2)) == 6
-    assert len(planner_machine.configurations(8, cfg, 2)) == 8
-    assert (2, 2, 2) in planner_machine.configurations(8, cfg, 2)
-    # summary: rows of every k with "K", a median over all, and one median per round; a round whose
-    # runs take twice the model's time gives |error| 50 %, and the pooled median lies between
-    truth, machine = _machine_that_follows_the_model()
-    configs = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
-    runs = [{c: {"step_s": [scale * planner.tiny_step_time(CFG, truth, *c, 2)["total"]] * 3} for c in configs}
-            for scale in (1.0, 2.0)]
-    per_rank = [{"machine": [machine, machine], "runs": runs}] * 2
-    machines, rows, median, per_round = planner_machine.summary({2: per_rank}, CFG, 2)
-    assert [r["K"] for r in rows] == [2, 2, 2] and set(machines) == {2}
-    assert per_round == [pytest.approx(0.0, abs=1e-6), pytest.approx(0.5, abs=1e-6)]
-    assert 0.0 < median < 0.5
-    # rescore: the same rows on the same figures give the same median; on figures twice as fast, more
-    assert planner_machine.rescore(rows, machines, CFG, 2) == pytest.approx(median)
-    fast = {k: dict(m, flops=m["flops"] * 2) for k, m in machines.items()}
-    assert planner_machine.rescore(rows, fast, CFG, 2) > median
-    old = planner_machine.old_price(dict(machines[2], slowdown={1: 1.0, 2: 1.5}))
-    assert old["slowdown"] == {1: 1.5, 2: 1.5} and old["data_wait"] == {}
 
 
 # ----------------------------------------------------------- layouts as production runs make them

@@ -1,6 +1,6 @@
 """Lecture 14's pieces that later lectures reuse, exactly as notebooks/14_planner.ipynb shows them
 (its cells marked #@save). Written by `python -m helpers.site.saved`: edit the lecture, then run it again."""
-
+import statistics
 
 
 def differences(counted, formula, dims=("tensor", "data")):
@@ -15,3 +15,8 @@ def differences(counted, formula, dims=("tensor", "data")):
             if calls or nbytes:
                 out[dim, kind] = (calls, nbytes)
     return out
+
+def spread(errors):
+    """(median, 80th percentile) of |errors|."""
+    e = sorted(abs(x) for x in errors)
+    return statistics.median(e), statistics.quantiles(e, n=10, method="inclusive")[7]

@@ -10,20 +10,18 @@ and recomputation, from the lectures' formulas only.
     print(planner.describe(ranked[0]))                          # its time and memory broken down
     planner.plan(model, cluster, 1536, chunks=(1, 2, 4), cps=(1, 2), uneven=True, main_grads=True)
 
-    # this machine: compute, alpha and B measured in the ranks, nd3d.train's 3D step predicted and timed
-    runs = spawn(planner.run_rank, 2, args=(nd3d.train, nd3d.CFG, [(2, 1, 1), (1, 2, 1)], 4, 2, 3, sizes))
-    machine, rows, median_error = planner.compare(runs, nd3d.CFG, micro_batches=2)
-    planner.tiny_step_time(nd3d.CFG, machine, dp=1, tp=2, pp=1, micro_batches=2)   # {"total": s, ...}
+    # nd3d.train's step on one DGX H100 node, the tiny GPT standing for one 128 times larger
+    planner.predict(nd3d.CFG, 128, dp=2, tp=2, pp=2, micro_batches=4)   # {"total": s, ...}
     planner.traffic(model, 1536, 1, dp=64, tp=8, pp=2, zero=3)   # {"tensor": {"calls", "bytes", ...}, ...}
 
 One model, in modules whose imports run one way (each imports only those above it):
     counts.py    FLOPs, layers and parameters per stage, collective calls and bytes (traffic)
     memory.py    memory per GPU, from the counts
     step.py      the step time of a layout, from the counts and the memory; the plan over layouts
-    measured.py  this machine as a cluster: its figures, nd3d's tiny GPT predicted and timed
+    modelled.py  nd3d's tiny GPT, S times larger, on one node of a helpers.machines model, predicted
     paper.py     published tables (GPT-3, Narayanan et al. 2021) priced by the planner
     plots.py     the lecture's figures; fake_mesh.py: one step of a 1,024-rank layout counted by torch
-This package re-exports the public names of counts, memory, step and measured: planner.<name>.
+This package re-exports the public names of counts, memory, step and modelled: planner.<name>.
 
 Layouts follow Megatron-LM: tp innermost, then cp, then dp (expert parallelism: ep of the dp x cp
 ranks), then pp, so a tensor-parallel group is tp consecutive GPUs of one node, a context-parallel group
@@ -32,8 +30,8 @@ model:   layers, hidden, heads, vocab, seq, params (None: Narayanan et al. 2021'
          keys placing the parameters on the stages, and experts / top_k: counts.py.
 cluster: gpus_per_node, nodes, memory (bytes), reserve (fraction of memory kept free, default 0),
          peak_flops, efficiency, intra_bw / inter_bw (bytes/s per GPU per direction, lecture 00's
-         convention; inter_bw is one GPU's own NIC), intra_alpha / inter_alpha (s); optional c0 (s, a
-         pass's fixed cost), p2p_bw / p2p_alpha (the pipeline's messages' link).
+         convention; inter_bw is one GPU's own NIC), intra_alpha / inter_alpha (s); optional
+         p2p_bw / p2p_alpha (the pipeline's messages' link).
          Sizes in bytes, times in seconds, FLOPs as counts.
 """
 from machinery.l14_planner.counts import (BF16, DIMENSIONS, comm_time, executed_flops,  # noqa: F401
@@ -42,8 +40,6 @@ from machinery.l14_planner.counts import (BF16, DIMENSIONS, comm_time, executed_
                                           stage_param_split, stage_params, stage_splits, traffic)
 from machinery.l14_planner.memory import activation_bytes_per_layer, memory  # noqa: F401
 from machinery.l14_planner.step import (RECOMPUTE, backward_share, best_per_layout, check,  # noqa: F401
-                                        describe, evaluate, layouts, plan, shared_slots, slowdown_at,
-                                        split_label, step_time)
-from machinery.l14_planner.measured import (compare, machine_cluster, machine_figures,  # noqa: F401
-                                            machine_rank, p2p_link, ring_link, run_rank, tiny_model,
-                                            tiny_step_time)
+                                        describe, evaluate, layouts, plan, split_label, step_time)
+from machinery.l14_planner.modelled import (nd3d_layouts, node_cluster, predict, scaled_model,  # noqa: F401
+                                            tiny_model)

@@ -1,7 +1,7 @@
 """The planner's counts (lecture 14): FLOPs, layers and parameters per pipeline stage, and the collective
 calls and bytes of one training step per GPU, per dimension (`traffic`). notebooks/machinery/l14_planner/step.py turns them
-into time, notebooks/machinery/l14_planner/memory.py into memory, notebooks/machinery/l14_planner/measured.py into this machine's
-prediction. Import them through `from machinery import l14_planner as planner` (planner.traffic, planner.param_count, ...).
+into time, notebooks/machinery/l14_planner/memory.py into memory, notebooks/machinery/l14_planner/modelled.py into a modelled node's
+step. Import them through `from machinery import l14_planner as planner` (planner.traffic, planner.param_count, ...).
 
 A model dict: layers, hidden, heads, vocab, seq, params (None: Narayanan et al. 2021's Eq. 2), and
 optionally how its parameters sit on the stages (defaults: Megatron-LM's GPT, Eq. 2's count):

@@ -1,5 +1,5 @@
 """The figures of lecture 14 (the planner): a plan's memory and time per layout, broken down
-(plan_bars), and the planner's step against the step measured here (check_bars). Drawing only:
+(plan_bars), and the planner's step against the step emulated on the H100 model (check_bars). Drawing only:
 the numbers come from machinery.l14_planner."""
 import matplotlib.pyplot as plt
 
@@ -7,7 +7,7 @@ from helpers import plots
 
 TIME_TERMS = ("compute", "tensor", "context", "expert", "p2p", "bubble", "data")
 MEMORY_TERMS = ("params", "grads", "optim", "activations", "working", "logits")
-CHECK_TERMS = ("compute", "sharing", "tensor", "p2p", "bubble", "data")    # the small-model mode's terms
+CHECK_TERMS = ("compute", "tensor", "p2p", "bubble", "data")       # section 4's terms
 
 
 def label(r):
@@ -40,7 +40,7 @@ def plan_bars(shown, memory, usable, title):
 
 
 def check_bars(rows, title):
-    """Per layout: the planner's step stacked by term (left) and the measured median (right)."""
+    """Per layout: the planner's step stacked by term (left) and the emulated step (right)."""
     fig, ax = plots.figure(width=11, height=3.8)
     for j, r in enumerate(rows):
         bottom = 0.0
@@ -48,11 +48,13 @@ def check_bars(rows, title):
             ax.bar(j - 0.2, r[term], 0.4, bottom=bottom, color=plots.COLORS[i],
                    label=None if j else term)
             bottom += r[term]
-        ax.bar(j + 0.2, r["measured ms"], 0.4, color="white", edgecolor=plots.MEASURED, hatch="//",
-               label=None if j else "measured (median)")
-    ax.set_xticks(range(len(rows)), [f"K={r['K']}\n{r['dp,tp,pp']}" for r in rows], fontsize=7)
-    ax.set_ylabel("ms per step")
-    ax.set_xlabel("ranks K, then d,t,p")
+        ax.bar(j + 0.2, r["emulated ms"], 0.4, color="white", edgecolor=plots.MEASURED, hatch="//",
+               label=None if j else "emulated")
+    labels = [r["d,t,p,m"].rsplit(",", 1) for r in rows]
+    ax.set_xticks(range(len(rows)), [f"{dtp}\nm={m}" for dtp, m in labels], fontsize=7)
+    ax.set_ylim(0, 1.08 * max(max(r["emulated ms"], sum(r[t] for t in CHECK_TERMS)) for r in rows))
+    ax.set_ylabel("ms per step (the model's)")
+    ax.set_xlabel("d,t,p and micro-batches m")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     plt.show()

@@ -77,30 +77,11 @@ def backward_share(model, micro_batch, tp, pp, recompute):
     return 1 - forward / stage_flops(model, micro_batch, tp, pp, recompute)
 
 
-def slowdown_at(slowdown, n):
-    """How many times slower than alone each of n ranks computes when they compute at once, from a
-    measured {ranks busy: factor} (linear between the measured counts; 1 without measurements)."""
-    import numpy as np
-    if not slowdown:
-        return 1.0
-    counts = sorted(slowdown)
-    return float(np.interp(n, counts, [slowdown[c] for c in counts]))
-
-
-def shared_slots(ranks, slowdown, pp, slots):
-    """How many times slower than alone a rank computes in each of the pipeline's slots (slots: m v)
-    when the ranks share a machine's cores: in slot j of the slots + pp - 1,
-    min(j + 1, pp, slots, slots + pp - 1 - j) stages compute, each with ranks/pp ranks, and n ranks
-    computing at once are slowdown_at(slowdown, n) times slower (a GPU per rank: no slowdown, all 1)."""
-    return [slowdown_at(slowdown, min(j + 1, pp, slots, slots + pp - 1 - j) * ranks / pp)
-            for j in range(slots + pp - 1)]
-
-
 def _slot(cluster, moved, m, g, tp, pp, cp, ep, flops):
     """One stage's m micro-batches, by term: compute, then its tensor, context, expert, pipeline calls."""
     rate = cluster["peak_flops"] * cluster["efficiency"]
     link = _link(cluster, g if pp > 1 else 1)
-    return {"compute": m * (cluster.get("c0", 0.0) / pp + flops / rate),
+    return {"compute": m * flops / rate,
             "tensor": comm_time(moved["tensor"], tp, *_link(cluster, tp)),
             "context": comm_time(moved["context"], cp, *_link(cluster, tp * cp)),
             "expert": comm_time(moved["expert"], ep, *_link(cluster, tp * cp * ep)),
@@ -112,8 +93,7 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
               overlap=0.0, chunks=1, sequence_parallel=False, element=BF16, cp=1, ep=1, stages=None,
               main_grads=False):
     """Seconds of one training step on every GPU, broken down. Per micro-batch each stage computes
-    for c0/p (the cluster's fixed cost of a pass, 0 unless given: its stage's share) plus its
-    stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
+    for its stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
     on the link its group spans (the pipeline's sends on p2p_bw / p2p_alpha when the cluster has
     them); the busiest stage's m micro-batches set the pace, and the pipeline runs m v + p - 1 slots
     of (its compute + tensor + context + expert + sends) / (m v) (lecture 08); with p > 1, ZeRO-2/3's
@@ -121,13 +101,7 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     data-parallel traffic (the fullest stage's) comes last, and `overlap` of what a backward can hide
     ("overlappable": all of it but ZeRO-1/2's parameter all-gather) is hidden, at most the backward
     compute it runs beside (backward_share; ZeRO-0/1's once-per-step reduction: the last
-    micro-batch's): the rest is exposed.
-    Ranks sharing a machine's cores (this one; a GPU per rank has neither key): with "slowdown"
-    ({ranks busy: how many times slower each computes than alone}; peak_flops then one rank's alone)
-    each slot's compute runs at the speed its busy ranks get (shared_slots): "compute" and "bubble"
-    stay at one rank's speed alone, "sharing" is the time lost to the slowdown in every slot (0
-    without the key); with "data_wait" ({group size: seconds})
-    each data-parallel call also waits that long: after compute, its group's ranks wait for cores."""
+    micro-batch's): the rest is exposed."""
     m = global_batch // (dp * micro_batch)
     opts = dict(chunks=chunks, element=element, sequence_parallel=sequence_parallel, cp=cp, ep=ep,
                 stages=stages, main_grads=main_grads)
@@ -145,9 +119,7 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     groups = (("data", dp * cp), ("expert_data", dp * cp // ep))
 
     def data_time(kinds=("all_reduce", "all_gather", "reduce_scatter")):
-        wait = cluster.get("data_wait", {})   # {group size: s}: a call's wait after compute, shared cores
-        return sum(comm_time(_only(moved[d], kinds), k, *data_link)
-                   + wait.get(k, 0.0) * sum(_only(moved[d], kinds)["kind"].values()) for d, k in groups)
+        return sum(comm_time(_only(moved[d], kinds), k, *data_link) for d, k in groups)
     data = data_time()
     # What a backward can hide: the gradients' reduction (ZeRO-3: also the gathers FSDP2 prefetches),
     # not ZeRO-1/2's all-gather of the updated parameters, which follows the optimizer step; and a
@@ -160,12 +132,8 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     per_micro_batch = {2: data_time(("reduce_scatter",)), 3: data}.get(zero, 0.0) if pp > 1 else 0.0
     in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
     bubble = (pp - 1) / (m * chunks) * (sum(slot.values()) + in_slots)
-    sharing = 0.0                                            # a GPU per rank: nothing shared
-    if cluster.get("slowdown"):                              # not on the plan's hot path otherwise
-        slowdown = shared_slots(dp * tp * pp * cp, cluster["slowdown"], pp, m * chunks)
-        sharing = slot["compute"] / (m * chunks) * sum(s - 1 for s in slowdown)
-    total = sum(slot.values()) + bubble + sharing + exposed
-    return {**slot, "bubble": bubble, "sharing": sharing, "data": exposed, "hidden": hidden,
+    total = sum(slot.values()) + bubble + exposed
+    return {**slot, "bubble": bubble, "data": exposed, "hidden": hidden,
             "overlappable": overlappable, "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
 
 
