@@ -26,8 +26,8 @@ NOTEBOOKS = ROOT / "notebooks"
 MAX_LINES = 300
 OURS = ("helpers", "machinery", "course")
 # Test files not named test_lecture_NN that test one lecture's machinery: their lecture.
-LECTURE_OF_TEST = {"test_planner.py": 14, "test_fake_mesh.py": 14, "test_nd3d.py": 13,
-                   "test_zero_wrappers.py": 6, "test_cluster.py": 13}
+LECTURE_OF_TEST = {"test_planner.py": 14, "test_planner_memory.py": 14, "test_fake_mesh.py": 14,
+                   "test_nd3d.py": 13, "test_zero_wrappers.py": 6, "test_cluster.py": 13}
 
 
 def _modules():
