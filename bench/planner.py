@@ -51,7 +51,8 @@ def main():
                    "no bubble": lambda lay: predict(*lay)["total"] - predict(*lay)["bubble"],
                    "datasheet peak": lambda lay: predict(*lay, machine=peak)["total"],
                    "data behind backward": lambda lay: predict(*lay, overlap=1.0)["total"]}
-    rows = [{"d,t,p,m": ",".join(map(str, lay)), "emulated ms": 1e3 * s,
+    rows = [{"d,t,p,m": ",".join(map(str, lay[:4])) + (f" {planner.split_label(lay[4])}" if lay[4] else ""),
+             "emulated ms": 1e3 * s,
              "predicted ms": 1e3 * predict(*lay)["total"], "error": predict(*lay)["total"] / s - 1,
              "here s": emulator.here_seconds(runs, lay)} for lay, s in emulated.items()]
     report.table(rows, list(rows[0]), floatfmt="{:.3g}")

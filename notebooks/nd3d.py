@@ -98,11 +98,18 @@ def layout(name, cfg, t, tp):
     return None, None  # LayerNorms, embeddings, head, row-parallel biases: replicated over tp
 
 
+def stage_blocks(cfg, stage, pp):
+    """The blocks of pipeline stage `stage`: cfg["stages"] blocks per stage when given (an uneven
+    split, e.g. fewer on the first and last), else depth / pp each."""
+    split = cfg.get("stages") or [cfg["depth"] // pp] * pp
+    first = sum(split[:stage])
+    return range(first, first + split[stage])
+
+
 def stage_params(cfg, stage, pp, t, tp, dev, dtype):
     """This rank's parameters, sliced from the single-process model: {name: leaf}, {name: layout}."""
     full = tiny.transformer(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["depth"], seed=0, dtype=dtype)
-    per = cfg["depth"] // pp
-    mine = [f"blocks.{i}." for i in range(stage * per, (stage + 1) * per)]
+    mine = [f"blocks.{i}." for i in stage_blocks(cfg, stage, pp)]
     mine += ["tok.", "pos."] * (stage == 0) + ["ln.", "head."] * (stage == pp - 1)
     params, where = {}, {}
     for name, p in full.named_parameters():
@@ -221,7 +228,9 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
     and the global ranks of its group in each dimension), bytes ({dim: bytes sent per step}), calls
     ({dim: {kind: calls per step}}), step_s (timed: seconds per step, the steps back to back, else None)."""
     assert dp * tp * pp == world_size, f"dp*tp*pp = {dp * tp * pp} ranks, but {world_size} started"
-    assert cfg["depth"] % pp == 0 and cfg["heads"] % tp == 0 and cfg["batch"] % (dp * micro_batches) == 0
+    split = cfg.get("stages") or [cfg["depth"] // pp] * pp
+    assert len(split) == pp and sum(split) == cfg["depth"] and min(split) >= 1, (split, pp)
+    assert cfg["heads"] % tp == 0 and cfg["batch"] % (dp * micro_batches) == 0
     dev = device()
     mesh = init_device_mesh(dev.type, (pp, dp, tp), mesh_dim_names=DIMS)
     comm = dict(group={d: mesh.get_group(d) for d in DIMS}, size=dict(pp=pp, dp=dp, tp=tp),

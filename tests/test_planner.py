@@ -78,10 +78,11 @@ def test_step_time_by_hand():
     ar_tp = 2 * 1 * (0.5 + 64 / (2 * 100))                # ring all-reduce of 2bsh = 64 B on 2 ranks
     assert t["tensor"] == pytest.approx(2 * 2 * 4 * ar_tp)                  # L/pp * m * 4 * 1.64
     assert t["p2p"] == pytest.approx(2 * 2 * (1.0 + 64 / 2 / 10))           # 8 GPUs > a node: network
-    assert t["bubble"] == pytest.approx((2 - 1) / 2 * (86.016 + 26.24 + 16.8))
+    first = 2 * 2 * per_layer / 2 / (1000 * 0.5)          # the first stage's compute: no head, 79.872
+    assert t["bubble"] == pytest.approx((first + 26.24 + 16.8) / 2)      # the other stage, once: 61.456
     # ZeRO-1: reduce-scatter + all-gather of stage 0's 282 bf16 params inside the node = one all-reduce
     assert t["data"] == pytest.approx(2 * 1 * (0.5 + 564 / (2 * 100)))
-    assert t["total"] == pytest.approx(86.016 + 26.24 + 16.8 + 64.528 + 6.64)
+    assert t["total"] == pytest.approx(86.016 + 26.24 + 16.8 + 61.456 + 6.64)
     # with p = 1 the busiest stage is the average: the step's executed FLOPs over the GPUs
     one = planner.step_time(TOY, CLUSTER, 8, 1, 2, 4, 1, zero=0, recompute="full")
     assert one["compute"] == pytest.approx(planner.executed_flops(TOY, 8, "full") / (8 * 1000 * 0.5))
@@ -250,8 +251,9 @@ def test_tiny_step_by_hand():
     p2p = 2 * (2e-4 + act / 5e8)
     slot = flops / 1e9 + tensor + p2p
     assert t["compute"] == pytest.approx(2 * flops / 1e9)
-    assert t["bubble"] == pytest.approx(slot) and t["data"] == 0.0
-    assert t["total"] == pytest.approx(3 * slot)             # m + p - 1 slots
+    first = slot - 6 * b * s * h * V / 1e9                  # the first stage's: no head
+    assert t["bubble"] == pytest.approx(first) and t["data"] == 0.0      # the other stage, once
+    assert t["total"] == pytest.approx(2 * slot + first)
     one = tiny_step(1, 1, 1, 1)
     assert one["tensor"] == one["p2p"] == one["bubble"] == one["data"] == 0.0
     assert one["total"] == pytest.approx(planner.executed_flops(planner.tiny_model(CFG), 8) / 1e9)
@@ -292,9 +294,10 @@ def test_tiny_gradient_bytes_match_the_model():
 def test_nd3d_layouts_are_the_splits_nd3d_runs():
     cfg = dict(CFG, heads=8, depth=8, batch=16)
     got = planner.nd3d_layouts(8, cfg)
-    assert len(got) == 16 and len(planner.nd3d_layouts(4, cfg)) == 9
-    assert all(d * t * p == 8 and cfg["batch"] % (d * m) == 0 for d, t, p, m in got)
-    assert {m for d, t, p, m in got if p == 4} == {4, 8} and (1, 8, 1, 2) in got
+    assert len(got) == 17 and len(planner.nd3d_layouts(4, cfg)) == 10
+    assert all(d * t * p == 8 and cfg["batch"] % (d * m) == 0 for d, t, p, m, _ in got)
+    assert {m for d, t, p, m, _ in got if p == 4} == {4, 8} and (1, 8, 1, 2, None) in got
+    assert [lay for lay in got if lay[4]] == [(2, 1, 4, 8, (1, 3, 3, 1))]          # one uneven split
     assert not [lay for lay in planner.nd3d_layouts(8, dict(cfg, heads=4)) if lay[1] == 8]  # whole heads
 
 
@@ -332,7 +335,11 @@ def test_table_rows_are_predicted_as_they_ran():
     run = paper.as_run(paper.TABLE1[5], paper.a100_cluster(1024, 0.5))
     assert (run["micro_batch"], run["chunks"], run["recompute"], run["m"]) == (2, 3, "full", 28)
     slot = sum(run["time"][k] for k in ("compute", "tensor", "context", "expert", "p2p"))
-    assert run["time"]["bubble"] == pytest.approx(3 / (3 * 28) * slot)   # (p - 1)/(v m)
+    model, cluster, (t, p) = paper.row_model(paper.TABLE1[5]), paper.a100_cluster(1024, 0.5), (8, 4)
+    head = (planner.stage_flops(model, 2, t, p, "full") - planner.stage_flops(model, 2, t, p, "full",
+                                                                                last=False))
+    logits = 28 * head / (cluster["peak_flops"] * cluster["efficiency"])   # the last stage's alone
+    assert run["time"]["bubble"] == pytest.approx(3 / (3 * 28) * (slot - logits))   # (p - 1)/(v m)
     # they ran, so the planner's memory lets every one; on a 40 GB A100 the 1T row would not (control)
     assert all(r["as run fits"] for r in paper.compare())
     assert not paper.as_run(paper.TABLE1[-1], dict(paper.a100_cluster(3072, 0.5), memory=40e9))["fits"]
@@ -382,7 +389,9 @@ def test_interleaving_divides_the_bubble_and_is_used_where_it_pays():
     one = planner.step_time(*args, zero=0, recompute="none")
     two = planner.step_time(*args, zero=0, recompute="none", chunks=2)
     assert two["p2p"] == pytest.approx(2 * one["p2p"]) and two["compute"] == one["compute"]
-    assert two["bubble"] == pytest.approx((2 - 1) / (2 * 4) * (two["compute"] + two["tensor"] + two["p2p"]))
+    head = 4 * 6 * 1 * 4 * 8 * 16 / 2 / (1000 * 0.5)                      # m = 4 logits, 6 b s h V / t
+    first = two["compute"] - head + two["tensor"] + two["p2p"]          # the other stage: no head
+    assert two["bubble"] == pytest.approx((2 - 1) / (2 * 4) * first)
 
     def chosen(cluster):                       # the chunks of the (2, 2, 2) layout's best
         return next(r["chunks"] for r in planner.plan(TOY, cluster, 8, chunks=(1, 2))
@@ -491,9 +500,10 @@ def test_zero_2_and_3_with_a_pipeline_pay_their_calls_in_every_slot():
     args = (TOY, CLUSTER, 8, 1, 2, 2, 2)                                  # m = 4, p = 2
     for zero in (1, 2, 3):
         t = planner.step_time(*args, zero=zero, recompute="none")
-        slot = t["compute"] + t["tensor"] + t["p2p"]
+        head = 4 * 6 * 1 * 4 * 8 * 16 / 2 / (1000 * 0.5)                  # m = 4 logits: the last stage's
+        first = t["compute"] - head + t["tensor"] + t["p2p"]            # the other stage's slot
         per_micro_batch = {1: 0.0, 2: 4 * (0.5 + 564 / 200), 3: t["data"]}[zero]
-        assert t["bubble"] == pytest.approx((2 - 1) / 4 * (slot + per_micro_batch)), zero
+        assert t["bubble"] == pytest.approx((2 - 1) / 4 * (first + per_micro_batch)), zero
     flat = planner.step_time(TOY, CLUSTER, 8, 1, 4, 2, 1, zero=3, recompute="none")
     assert flat["bubble"] == 0                                           # control: no pipeline
 

@@ -3,7 +3,7 @@ the H100 model's compute and links on a virtual clock, so that the planner's pre
 checked against a run it did not produce.
 
     runs = spawn(l14_emulator.run_rank, 8, args=(cfg, layouts, steps, SCALE), backend="gloo")
-    l14_emulator.step_seconds(runs, (2, 2, 2, 2))   # dp, tp, pp, m: the model's seconds per step
+    l14_emulator.step_seconds(runs, (2, 2, 2, 4, None))   # dp, tp, pp, m, stages: model seconds
 
 The tiny GPT stands for the same GPT with every dimension S times larger (width, sequence,
 vocabulary, positions; the batch, the depth and the heads as they are), in bf16. Each rank keeps
@@ -178,16 +178,19 @@ def on_model(scale, machine=machines.H100):
 
 
 def run_rank(rank, world_size, cfg, layouts, steps, scale):
-    """In every rank (helpers.spawn, gloo): nd3d.train of each (dp, tp, pp, m) of `layouts` on the
-    model (on_model). Returns {layout: nd3d.train's result, with "flops" (on_model's count) and
-    "here_s" (the seconds the run took on this machine, per step)}."""
+    """In every rank (helpers.spawn, gloo): nd3d.train of each (dp, tp, pp, m, stages) of `layouts`
+    on the model (on_model); stages: blocks per pipeline stage, None for depth / pp each. Returns
+    {layout: nd3d.train's result, with "flops" (on_model's count) and "here_s" (the seconds the
+    run took on this machine, per step)}."""
     import nd3d
     out = {}
-    for dp, tp, pp, m in layouts:
+    for dp, tp, pp, m, stages in layouts:
         start = time.perf_counter()
         with on_model(scale) as counted:
-            out[dp, tp, pp, m] = nd3d.train(rank, world_size, dp, tp, pp, cfg, steps, m, timed=True)
-        out[dp, tp, pp, m].update(flops=dict(counted), here_s=(time.perf_counter() - start) / steps)
+            run = nd3d.train(rank, world_size, dp, tp, pp, dict(cfg, stages=stages), steps, m,
+                             timed=True)
+        run.update(flops=dict(counted), here_s=(time.perf_counter() - start) / steps)
+        out[dp, tp, pp, m, stages] = run
     return out
 
 

@@ -3,6 +3,7 @@ planner model (tiny_model, scaled_model), a DGX H100 node of helpers.machines as
 (node_cluster), the layouts nd3d runs (layouts), and nd3d.train's step predicted by
 planner.step_time (predict)."""
 from helpers import machines
+from machinery.l14_planner.counts import stage_splits
 from machinery.l14_planner.step import step_time
 
 
@@ -36,25 +37,31 @@ def node_cluster(machine=machines.H100):
             "intra_bw": bw, "intra_alpha": alpha, "inter_bw": bw, "inter_alpha": alpha}
 
 
-def predict(cfg, scale, dp, tp, pp, micro_batches, machine=machines.H100, **options):
+def predict(cfg, scale, dp, tp, pp, micro_batches, stages=None, machine=machines.H100, **options):
     """planner.step_time of nd3d.train's step (no ZeRO, no recomputation, bf16) on the tiny GPT
     `scale` times larger, on one node of `machine`: compute, tensor, p2p, bubble, data (seconds).
-    `options` go to step_time (e.g. overlap=1.0, a control)."""
+    stages: layers per pipeline stage (None: equal). `options` go to step_time (e.g. overlap=1.0)."""
     b = cfg["batch"] // (dp * micro_batches)
     return step_time(scaled_model(cfg, scale), node_cluster(machine), cfg["batch"], b, dp, tp, pp,
-                     zero=0, recompute="none", **options)
+                     zero=0, recompute="none", stages=stages, **options)
 
 
 def nd3d_layouts(k, cfg):
-    """Every (dp, tp, pp, m) of k ranks that nd3d's tiny GPT `cfg` splits into: tp dividing the
-    heads, pp the depth; m = 2 micro-batches without a pipeline, m = p and 2p with one; every
-    data-parallel rank getting whole micro-batches."""
+    """Every (dp, tp, pp, m, stages) of k ranks that nd3d's tiny GPT `cfg` splits into: tp dividing
+    the heads, pp the depth; m = 2 micro-batches without a pipeline, m = p and 2p with one; every
+    data-parallel rank getting whole micro-batches; stages None (equal). Then one uneven split:
+    the first of these with p >= 3 and m = 2p again, with fewer layers on the first and the last
+    stage (planner.stage_splits' first unequal split)."""
     out = []
     for tp in range(1, k + 1):
         for pp in range(1, k + 1):
             dp = k // (tp * pp)
             if k % (tp * pp) or cfg["heads"] % tp or cfg["depth"] % pp:
                 continue
-            out += [(dp, tp, pp, m) for m in ((2,) if pp == 1 else (pp, 2 * pp))
+            out += [(dp, tp, pp, m, None) for m in ((2,) if pp == 1 else (pp, 2 * pp))
                     if cfg["batch"] % (dp * m) == 0]
+    for dp, tp, pp, m, _ in out:
+        uneven = [s for s in stage_splits(cfg["depth"], pp) if len(set(s)) > 1]
+        if pp >= 3 and m == 2 * pp and uneven:
+            return out + [(dp, tp, pp, m, uneven[0])]
     return out

@@ -95,9 +95,11 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     """Seconds of one training step on every GPU, broken down. Per micro-batch each stage computes
     for its stage_flops / (peak x efficiency); every collective of traffic() costs the ring formula of its S
     on the link its group spans (the pipeline's sends on p2p_bw / p2p_alpha when the cluster has
-    them); the busiest stage's m micro-batches set the pace, and the pipeline runs m v + p - 1 slots
-    of (its compute + tensor + context + expert + sends) / (m v) (lecture 08); with p > 1, ZeRO-2/3's
-    per-micro-batch data calls sit in every slot, so the bubble grows by (p - 1)/(m v) of them. The
+    them); the busiest stage's m micro-batches (its compute + tensor + context + expert + sends) set
+    the pace, and the fill and the drain add each other stage's work of one micro-batch, / v
+    (lecture 08; with equal stages (p - 1)/(m v) of the busiest one's, a bubble of p - 1 slots);
+    with p > 1, ZeRO-2/3's per-micro-batch data calls sit in every slot, so the bubble grows by
+    (p - 1)/(m v) of them. The
     data-parallel traffic (the fullest stage's) comes last, and `overlap` of what a backward can hide
     ("overlappable": all of it but ZeRO-1/2's parameter all-gather) is hidden, at most the backward
     compute it runs beside (backward_share; ZeRO-0/1's once-per-step reduction: the last
@@ -106,9 +108,9 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     opts = dict(chunks=chunks, element=element, sequence_parallel=sequence_parallel, cp=cp, ep=ep,
                 stages=stages, main_grads=main_grads)
     split = stage_layers(model, pp, stages)
+    kinds = [(n, i == 0, i == pp - 1) for i, n in enumerate(split)]
     slots = {}                                               # one stage of each kind: first, middle, last
-    for i, n in enumerate(split):
-        key = (n, i == 0, i == pp - 1)
+    for i, (n, key) in enumerate(zip(split, kinds)):
         if key not in slots:
             moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, stage=i, **opts)
             flops = stage_flops(model, micro_batch, tp, pp, recompute, n, i == pp - 1, cp)
@@ -131,7 +133,10 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     exposed = data - hidden
     per_micro_batch = {2: data_time(("reduce_scatter",)), 3: data}.get(zero, 0.0) if pp > 1 else 0.0
     in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
-    bubble = (pp - 1) / (m * chunks) * (sum(slot.values()) + in_slots)
+    # The fill and the drain pass once through every other stage (a flow shop of p stages: the m v
+    # chunks take sum_i t_i + (m v - 1) max_i t_i): equal stages give (p - 1)/(m v) of the slot.
+    others = sum(sum(slots[key][1].values()) for key in kinds) - sum(slot.values())
+    bubble = (others + (pp - 1) * in_slots) / (m * chunks)
     total = sum(slot.values()) + bubble + exposed
     return {**slot, "bubble": bubble, "data": exposed, "hidden": hidden,
             "overlappable": overlappable, "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
