@@ -3,10 +3,11 @@
 The claim (notebooks/14_planner.ipynb, section 4): the planner's step_time on one node of the H100
 model (planner.predict) predicts the step of lecture 13's program nd3d.train emulated on the same
 model (machinery/l14_emulator.py: the program itself, its compute and messages on a clock that only
-the model's times advance) within a median |relative error| of 10 % and an 80th percentile of 20 %:
-here over the 10 layouts of 4 ranks, one with unequal stages, as the lecture's SMOKE run checks them
-(its full run: 17 layouts of 8). Negative controls, plausible modelling errors: a planner without
-the bubble, and one at the datasheet's peak in place of the achieved GEMM rate, fail the same bound.
+the model's times advance), here over the 10 layouts of 4 ranks, one with unequal stages, as the
+lecture's SMOKE run checks them (its full run: 17 layouts of 8): within 2 % for equal stages, 0 to 10 % above for unequal ones, and
+the issue's median 10 % / 80th percentile 20 %. Negative controls, plausible modelling errors: no
+bubble, the bubble as p - 1 slots of the busiest stage (the planner's first formula), and the data
+all-reduce hidden behind the backward where nd3d does not overlap it, each fail the same check.
 
 The emulator itself: a ring all-reduce on a group takes exactly its 2(K-1) steps of alpha + the
 chunk's bytes / B on the clock (transfers, not a formula: a rank that sends its whole tensor each
@@ -17,7 +18,6 @@ Also the overlap cap on the GPT-3 175B plan (hiding `overlap` of the data traffi
 hides more than the compute it overlaps; the planner's step keeps it below); section 3's
 `differences` on the planner's own dicts; section 5's prose against paper.compare().
 """
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -44,8 +44,12 @@ H100S = {"gpus_per_node": 8, "nodes": 128, "memory": 80e9, "reserve": 0.1,   # t
 
 
 def within(errors):
-    median, p80 = spread(errors)
-    return median <= 0.10 and p80 <= 0.20
+    """Lecture 14's bound, per layout: equal stages within 2 %, unequal ones 0 to 10 % above (the
+    flow shop is an upper bound when the busiest stage is not the last); and the issue's median
+    10 % and 80th percentile 20 %. errors: {layout: predicted / emulated - 1}."""
+    median, p80 = spread(errors.values())
+    rows = all((0.0 <= e <= 0.10) if lay[4] else abs(e) <= 0.02 for lay, e in errors.items())
+    return rows and median <= 0.10 and p80 <= 0.20
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def test_the_planner_predicts_the_emulated_steps(emulated):
     _, steps = emulated
     assert len(steps) == 10 and (1, 1, 4, 8, (1, 3, 3, 1)) in steps          # one uneven split
     assert {(1, 2, 2, 4, None), (2, 2, 1, 2, None)} <= set(steps)
-    errors = [planner.predict(CFG, SCALE, *lay)["total"] / s - 1 for lay, s in steps.items()]
+    errors = {lay: planner.predict(CFG, SCALE, *lay)["total"] / s - 1 for lay, s in steps.items()}
     assert within(errors), errors
     runs, _ = emulated          # the clock is exact: the slowest rank's steps take as long, the
     for lay in steps:           # first too (a later stage's first step is shorter: it waits less)
@@ -71,12 +75,15 @@ def test_the_planner_predicts_the_emulated_steps(emulated):
 
 def test_plausible_modelling_errors_fail_the_check(emulated):
     _, steps = emulated
-    no_bubble = [(lambda t: t["total"] - t["bubble"])(planner.predict(CFG, SCALE, *lay)) / s - 1
-                 for lay, s in steps.items()]
-    peak = dataclasses.replace(machines.H100, gemm_flops=machines.H100.peak_flops)
-    at_peak = [planner.predict(CFG, SCALE, *lay, machine=peak)["total"] / s - 1
-               for lay, s in steps.items()]
-    assert not within(no_bubble) and not within(at_peak), (no_bubble, at_peak)
+
+    def errors(step):
+        return {lay: step(planner.predict(CFG, SCALE, *lay), lay) / s - 1 for lay, s in steps.items()}
+    no_bubble = errors(lambda t, lay: t["total"] - t["bubble"])
+    busiest = errors(lambda t, lay: t["total"] - t["bubble"]             # the old bubble
+                     + (lay[2] - 1) / lay[3] * (t["compute"] + t["tensor"] + t["p2p"]))
+    hidden = {lay: planner.predict(CFG, SCALE, *lay, overlap=1.0)["total"] / s - 1
+              for lay, s in steps.items()}
+    assert not within(no_bubble) and not within(busiest) and not within(hidden)
 
 
 def test_the_emulator_computes_the_planners_flops_by_another_route(emulated):

@@ -50,8 +50,9 @@ def check_bars(rows, title):
             bottom += r[term]
         ax.bar(j + 0.2, r["emulated ms"], 0.4, color="white", edgecolor=plots.MEASURED, hatch="//",
                label=None if j else "emulated")
-    labels = [r["d,t,p,m"].rsplit(",", 1) for r in rows]
-    ax.set_xticks(range(len(rows)), [f"{dtp}\nm={m}" for dtp, m in labels], fontsize=7)
+    labels = [r["d,t,p,m"].rsplit(",", 1) for r in rows]        # "2,1,4,8 1+2x3+1": stages below
+    ax.set_xticks(range(len(rows)), [f"{dtp}\nm={m}".replace(" ", "\n") for dtp, m in labels],
+                  fontsize=7)
     ax.set_ylim(0, 1.08 * max(max(r["emulated ms"], sum(r[t] for t in CHECK_TERMS)) for r in rows))
     ax.set_ylabel("ms per step (the model's)")
     ax.set_xlabel("d,t,p and micro-batches m")

@@ -135,6 +135,8 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     in_slots = exposed * per_micro_batch / data if per_micro_batch else 0.0
     # The fill and the drain pass once through every other stage (a flow shop of p stages: the m v
     # chunks take sum_i t_i + (m v - 1) max_i t_i): equal stages give (p - 1)/(m v) of the slot.
+    # Exact for 1F1B when the busiest stage is the last; an upper bound when it is earlier (its
+    # warm-up forwards run while the first micro-batch travels down the pipeline and back).
     others = sum(sum(slots[key][1].values()) for key in kinds) - sum(slot.values())
     bubble = (others + (pp - 1) * in_slots) / (m * chunks)
     total = sum(slot.values()) + bubble + exposed
