@@ -1,8 +1,9 @@
 """Goal of lecture 14: the planner's step time against lecture 13's program (notebooks/nd3d.py) emulated
 on the H100 model (machinery/l14_emulator.py), over every layout of 8 GPUs: median |error| <= 10 % and
-80th percentile <= 20 % (issue 47), which the lecture asserts on its full run; then the negative controls
-(the same bound missed by a planner without the bubble, and by one at the datasheet's peak), and the
-paper check of section 5 (machinery.l14_planner.paper): the planner's median |error| against Narayanan
+80th percentile <= 20 % (issue 47), and per layout within 2 % with equal stages, 0 to 10 % above with
+unequal ones, which the lecture asserts on its full run; then the negative controls (modelling errors
+that each miss a layout's bound: no bubble, the bubble as p - 1 slots of the busiest stage, the data
+all-reduce hidden behind the backward), and the paper check of section 5 (machinery.l14_planner.paper): the planner's median |error| against Narayanan
 et al. 2021's Table 1 with its efficiency fitted on one row, beside a constant's and the trend's.
 
     .venv/bin/python bench/planner.py [--world-size 8] [--scale 128]
@@ -11,7 +12,6 @@ The emulator's clock advances only by the model's times, so the figures do not d
 machine's speed or load (the seconds a step takes here are printed apart). It asserts no timing.
 """
 import argparse
-import dataclasses
 import functools
 import os
 import sys
@@ -19,6 +19,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEDIAN, P80 = 0.10, 0.20     # the issue's bound, the lecture's assertion
+EQUAL, UNEQUAL = 0.02, 0.10  # the lecture's per-layout bounds: |error| with equal stages, 0..x above unequal
 
 
 def main():
@@ -29,7 +30,7 @@ def main():
     sys.path[:0] = [ROOT, os.path.join(ROOT, "notebooks")]
     import nd3d
     from course.planner import spread
-    from helpers import machines, report
+    from helpers import report
     from helpers.spawn import spawn
     from machinery import l14_emulator as emulator
     from machinery import l14_planner as planner
@@ -46,21 +47,24 @@ def main():
         nd3d.check([r[lay] for r in runs], cfg, 1)
         emulated[lay] = emulator.step_seconds(runs, lay)
     predict = functools.partial(planner.predict, cfg, args.scale)
-    peak = dataclasses.replace(machines.H100, gemm_flops=machines.H100.peak_flops)
+
+    def busiest_bubble(t, lay):                        # the planner's first bubble: p - 1 busiest slots
+        return t["total"] - t["bubble"] + (lay[2] - 1) / lay[3] * (t["compute"] + t["tensor"] + t["p2p"])
     predictions = {"the planner": lambda lay: predict(*lay)["total"],
                    "no bubble": lambda lay: predict(*lay)["total"] - predict(*lay)["bubble"],
-                   "datasheet peak": lambda lay: predict(*lay, machine=peak)["total"],
+                   "p - 1 busiest slots": lambda lay: busiest_bubble(predict(*lay), lay),
                    "data behind backward": lambda lay: predict(*lay, overlap=1.0)["total"]}
     rows = [{"d,t,p,m": ",".join(map(str, lay[:4])) + (f" {planner.split_label(lay[4])}" if lay[4] else ""),
-             "emulated ms": 1e3 * s,
-             "predicted ms": 1e3 * predict(*lay)["total"], "error": predict(*lay)["total"] / s - 1,
-             "here s": emulator.here_seconds(runs, lay)} for lay, s in emulated.items()]
+             "emulated ms": 1e3 * s, "predicted ms": 1e3 * predict(*lay)["total"],
+             "error": predict(*lay)["total"] / s - 1, "here s": emulator.here_seconds(runs, lay)}
+            for lay, s in emulated.items()]
     report.table(rows, list(rows[0]), floatfmt="{:.3g}")
     checks = []
     for name, step in predictions.items():
-        median, p80 = spread([step(lay) / s - 1 for lay, s in emulated.items()])
-        checks.append({"prediction": name, "median |error|": median, "p80": p80,
-                       "within": median <= MEDIAN and p80 <= P80})
+        errors = {lay: step(lay) / s - 1 for lay, s in emulated.items()}
+        median, p80 = spread(errors.values())
+        outside = sum(not (0.0 <= e <= UNEQUAL if lay[4] else abs(e) <= EQUAL) for lay, e in errors.items())
+        checks.append({"prediction": name, "median |error|": median, "p80": p80, "layouts outside": outside})
     report.table(checks, list(checks[0]), floatfmt="{:.3f}")
     print(f"H100 model, {len(layouts)} layouts of {args.world_size} GPUs (S = {args.scale}): median |error| "
           f"{checks[0]['median |error|']:.1%}, p80 {checks[0]['p80']:.1%} (bound {MEDIAN:.0%} / {P80:.0%}); "
