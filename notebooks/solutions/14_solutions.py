@@ -1,12 +1,12 @@
 """Reference solutions for the exercises of lecture 14 (a planner for N-D parallelism)."""
 
 
-def memory_per_gpu(P, L, h, a, s, V, B, b, dp, tp, pp, zero):
+def memory_per_gpu(P, L, h, a, s, V, G, b, dp, tp, pp, zero):
     """Exercise 1: bytes per GPU of the first stage, bf16 + Adam, ZeRO `zero`, no recomputation, SP on."""
     local = (P - V * h) / (tp * pp) + V * h / tp               # its layers' share + the word embedding
     states = (2 / (dp if zero >= 3 else 1) + 2 / (dp if zero >= 2 else 1)
               + 12 / (dp if zero >= 1 else 1)) * local
-    m = B // (dp * b)
+    m = G // (dp * b)
     acts = (L // pp) * min(pp, m) * s * b * h * (34 + 5 * a * s / h) / tp
     working = 2 * 2 * 2 * 12 * h * h / tp if zero >= 3 else 0.0
     return states + acts + working
