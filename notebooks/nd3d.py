@@ -98,10 +98,15 @@ def layout(name, cfg, t, tp):
     return None, None  # LayerNorms, embeddings, head, row-parallel biases: replicated over tp
 
 
+def stage_sizes(cfg, pp):
+    """Blocks per pipeline stage: cfg["stages"] when given (an uneven split, e.g. fewer on the
+    first and last), else depth / pp each."""
+    return cfg.get("stages") or [cfg["depth"] // pp] * pp
+
+
 def stage_blocks(cfg, stage, pp):
-    """The blocks of pipeline stage `stage`: cfg["stages"] blocks per stage when given (an uneven
-    split, e.g. fewer on the first and last), else depth / pp each."""
-    split = cfg.get("stages") or [cfg["depth"] // pp] * pp
+    """The blocks of pipeline stage `stage`."""
+    split = stage_sizes(cfg, pp)
     first = sum(split[:stage])
     return range(first, first + split[stage])
 
@@ -228,7 +233,7 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
     and the global ranks of its group in each dimension), bytes ({dim: bytes sent per step}), calls
     ({dim: {kind: calls per step}}), step_s (timed: seconds per step, the steps back to back, else None)."""
     assert dp * tp * pp == world_size, f"dp*tp*pp = {dp * tp * pp} ranks, but {world_size} started"
-    split = cfg.get("stages") or [cfg["depth"] // pp] * pp
+    split = stage_sizes(cfg, pp)
     assert len(split) == pp and sum(split) == cfg["depth"] and min(split) >= 1, (split, pp)
     assert cfg["heads"] % tp == 0 and cfg["batch"] % (dp * micro_batches) == 0
     dev = device()

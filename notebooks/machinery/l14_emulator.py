@@ -171,7 +171,7 @@ def on_model(scale, machine=machines.H100):
     alpha, bw = machines.link(machine)
     link, counted = virtual_link(alpha, bw, scale * scale * 2 / 8), {}
     CLOCK.update(now=0.0, in_free=0.0)
-    with patched(c10d, **link), patched(dist, **link), patched(dist, all_reduce=ring_all_reduce), \
+    with patched(c10d, **link), patched(dist, **link, all_reduce=ring_all_reduce), \
             patched(timing, Clock=VirtualClock), \
             patched(nd3d, stage_forward=timed_stages(nd3d.stage_forward, machine, scale, counted)):
         yield counted

@@ -4,7 +4,7 @@ planner model (tiny_model, scaled_model), a DGX H100 node of helpers.machines as
 planner.step_time (predict)."""
 from helpers import machines
 from machinery.l14_planner.counts import stage_splits
-from machinery.l14_planner.step import step_time
+from machinery.l14_planner.step import layouts, step_time
 
 
 def tiny_model(cfg, head_split=False):
@@ -53,13 +53,9 @@ def nd3d_layouts(k, cfg):
     the first of these with p >= 3 and m = 2p again, with fewer layers on the first and the last
     stage (planner.stage_splits' first unequal split)."""
     out = []
-    for tp in range(1, k + 1):
-        for pp in range(1, k + 1):
-            dp = k // (tp * pp)
-            if k % (tp * pp) or cfg["heads"] % tp or cfg["depth"] % pp:
-                continue
-            out += [(dp, tp, pp, m, None) for m in ((2,) if pp == 1 else (pp, 2 * pp))
-                    if cfg["batch"] % (dp * m) == 0]
+    for dp, tp, pp in layouts(k, k, cfg["heads"], cfg["depth"]):
+        out += [(dp, tp, pp, m, None) for m in ((2,) if pp == 1 else (pp, 2 * pp))
+                if cfg["batch"] % (dp * m) == 0]
     for dp, tp, pp, m, _ in out:
         uneven = [s for s in stage_splits(cfg["depth"], pp) if len(set(s)) > 1]
         if pp >= 3 and m == 2 * pp and uneven:

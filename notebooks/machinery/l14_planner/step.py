@@ -110,18 +110,20 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     split = stage_layers(model, pp, stages)
     kinds = [(n, i == 0, i == pp - 1) for i, n in enumerate(split)]
     slots = {}                                               # one stage of each kind: first, middle, last
-    for i, (n, key) in enumerate(zip(split, kinds)):
+    for i, key in enumerate(kinds):
         if key not in slots:
             moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, stage=i, **opts)
-            flops = stage_flops(model, micro_batch, tp, pp, recompute, n, i == pp - 1, cp)
+            flops = stage_flops(model, micro_batch, tp, pp, recompute, key[0], key[2], cp)
             slots[key] = (i, _slot(cluster, moved, m, dp * tp * pp * cp, tp, pp, cp, ep, flops))
-    busiest, slot = max(slots.values(), key=lambda s: (sum(s[1].values()), s[0]))
+    work = {key: sum(s.values()) for key, (_, s) in slots.items()}   # a stage's m micro-batches
+    key = max(slots, key=lambda k: (work[k], slots[k][0]))
+    (busiest, slot), busiest_work = slots[key], work[key]
     moved = traffic(model, global_batch, micro_batch, dp, tp, pp, zero, recompute, **opts)
     data_link = _link(cluster, tp * cp * dp)
     groups = (("data", dp * cp), ("expert_data", dp * cp // ep))
 
-    def data_time(kinds=("all_reduce", "all_gather", "reduce_scatter")):
-        return sum(comm_time(_only(moved[d], kinds), k, *data_link) for d, k in groups)
+    def data_time(calls=("all_reduce", "all_gather", "reduce_scatter")):
+        return sum(comm_time(_only(moved[d], calls), k, *data_link) for d, k in groups)
     data = data_time()
     # What a backward can hide: the gradients' reduction (ZeRO-3: also the gathers FSDP2 prefetches),
     # not ZeRO-1/2's all-gather of the updated parameters, which follows the optimizer step; and a
@@ -137,9 +139,9 @@ def step_time(model, cluster, global_batch, micro_batch, dp, tp, pp, zero, recom
     # chunks take sum_i t_i + (m v - 1) max_i t_i): equal stages give (p - 1)/(m v) of the slot.
     # Exact for 1F1B when the busiest stage is the last; an upper bound when it is earlier (its
     # warm-up forwards run while the first micro-batch travels down the pipeline and back).
-    others = sum(sum(slots[key][1].values()) for key in kinds) - sum(slot.values())
+    others = sum(work[k] for k in kinds) - busiest_work
     bubble = (others + (pp - 1) * in_slots) / (m * chunks)
-    total = sum(slot.values()) + bubble + exposed
+    total = busiest_work + bubble + exposed
     return {**slot, "bubble": bubble, "data": exposed, "hidden": hidden,
             "overlappable": overlappable, "total": total, "micro_batches": m, "stage": busiest, "traffic": moved}
 
