@@ -16,7 +16,6 @@ def exchange(send_buf, dst, recv_buf, src):
     for request in dist.batch_isend_irecv(ops) if ops else []:
         request.wait()     # on NCCL the current stream waits, not the host
 
-
 def ring_broadcast(x, root, n_chunks=1):
     """In place, like dist.broadcast(x, root): the chunks follow each other round."""
     rank, k = dist.get_rank(), dist.get_world_size()
@@ -49,14 +48,12 @@ def ring_reduce_scatter(chunks):
         exchange(chunks[send_c], right, into, left)
         chunks[recv_c] += into
 
-
 def ring_all_gather(chunks):
     """chunks[rank] is complete; afterwards every chunk is, on every rank."""
     rank, k = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % k, (rank - 1) % k
     for step in range(k - 1):
         exchange(chunks[(rank - step) % k], right, chunks[(rank - step - 1) % k], left)
-
 
 def ring_all_reduce(x):
     """In place, like dist.all_reduce(x): reduce-scatter, then all-gather."""

@@ -6,7 +6,7 @@ module only draws, in the notebook process:
 
     ring_figures.pipeline(k=4, chunk_counts=(1, 4, 16))   # chunk c crosses link j during step c + j
     ring_figures.show_state(state)                         # one step of the simulated ring, one figure
-    ring_figures.all_states(states)                        # every step at once (the static page)
+    ring_figures.all_states(states, title="simulated")      # every step at once (the static page)
     report.table(*ring_figures.beside_model(rows, model, lambda r: {"S": r["collective"]}))
 
 A state is what the lecture's simulation yields: (phase, step, sends [(src, dst, chunk)],
@@ -86,8 +86,9 @@ def show_state(state):
     plt.show()
 
 
-def all_states(states, cols=4):
-    """Every state at once, in reading order (what the rendered page shows under the slider)."""
+def all_states(states, cols=4, title=None):
+    """Every state at once, in reading order (what the rendered page shows under the slider);
+    title: what drew them (the simulation, or a recording of the code)."""
     k = len(states[0][3])
     cols = min(cols, len(states))
     rows = math.ceil(len(states) / cols)
@@ -96,8 +97,8 @@ def all_states(states, cols=4):
         draw_state(ax, state)
     for ax in list(axes.flat)[len(states):]:
         ax.axis("off")
-    fig.suptitle(f"Ring all-reduce on {k} ranks: {k - 1} reduce-scatter steps, then {k - 1} all-gather steps",
-                 y=1.0)
+    fig.suptitle(f"Ring all-reduce on {k} ranks: {k - 1} reduce-scatter steps, then {k - 1} all-gather steps"
+                 + (f" ({title})" if title else ""), y=1.0)
     plt.tight_layout()
     plt.show()
 

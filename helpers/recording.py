@@ -1,0 +1,96 @@
+"""What a chunked collective did, step by step, recorded from the code as it runs: the picture drawn
+after a lecture's plain code, to hold beside the picture of its specification drawn before it.
+
+    per_rank = spawn(recording.ring_steps, k, args=(ring_all_reduce,), backend="gloo")
+    recorded = recording.states(per_rank, phases=[("reduce-scatter", k - 1), ("all-gather", k - 1)])
+    assert recorded == simulated          # the lecture's specification, in the same format
+
+How it knows without reading the code: every rank's tensor is a tag, 2**rank in float64, so a
+chunk's value is the sum of 2**j over the ranks j whose contributions it holds (exact: distinct
+powers of two up to 2**52); a chunk's number is where its send buffer lies in the tensor. The
+collective runs unchanged, with dist.batch_isend_irecv wrapped (helpers.patching) to note each call's
+sends and, before each call, what every chunk holds: a step is one call (one batched exchange, as
+lecture 02's `exchange`). The format is lecture 02's simulation's: (phase, step, sends
+[(src, dst, chunk)], holds[rank][chunk] = the ranks whose contributions that rank holds there).
+"""
+import torch
+import torch.distributed as dist
+
+from helpers.patching import patched
+
+PER_CHUNK = 3           # elements per chunk: every chunk non-empty, each of its elements checked
+
+
+def _bounds(n, k):
+    """(start, stop) of each of torch.tensor_split's k chunks of n elements."""
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(n), k)]
+    starts = [sum(sizes[:i]) for i in range(k)]
+    return [(s, s + z) for s, z in zip(starts, sizes)]
+
+
+def _holds(x, bounds):
+    """For each chunk, the set of ranks whose tag its elements sum (every element the same)."""
+    out = []
+    for start, stop in bounds:
+        values = set(x[start:stop].tolist())
+        if len(values) != 1:
+            raise AssertionError(f"elements {start}-{stop} of one chunk hold different sums: {values}")
+        v = int(values.pop())
+        out.append(frozenset(j for j in range(v.bit_length()) if v >> j & 1))
+    return out
+
+
+def ring_steps(rank, k, collective):
+    """Run collective(x) on this rank's tag; [(sends [(rank, dst, chunk)], holds before the step)]
+    for each step, and the holds after the last one."""
+    x = torch.full((k * PER_CHUNK,), 2.0 ** rank, dtype=torch.float64)
+    bounds = _bounds(len(x), k)
+    base, size = x.data_ptr(), x.element_size()
+    steps = []
+
+    def chunk_of(t):
+        start = (t.data_ptr() - base) // size
+        found = [c for c, (s, e) in enumerate(bounds) if s == start and e - s == t.numel()]
+        if not found:
+            raise AssertionError(f"rank {rank} sent {t.numel()} elements that are not one chunk "
+                                 f"of its tensor (offset {start})")
+        return found[0]
+
+    def recording(ops):
+        sends = sorted((rank, op.peer, chunk_of(op.tensor)) for op in ops if op.op is dist.isend)
+        steps.append((sends, _holds(x, bounds)))
+        return originals["batch_isend_irecv"](ops)
+
+    with patched(dist, batch_isend_irecv=recording) as originals:
+        collective(x)
+    return steps, _holds(x, bounds)
+
+
+def states(per_rank, phases):
+    """The ranks' records as one list of states, the start first: (phase, step, sends, holds).
+    phases: [(name, steps)] in order, their steps summing to the steps every rank took."""
+    counts = {len(steps) for steps, _ in per_rank}
+    total = sum(n for _, n in phases)
+    if counts != {total}:
+        raise AssertionError(f"the ranks took {sorted(counts)} steps; the phases name {total}")
+    names = [(name, i + 1) for name, n in phases for i in range(n)]
+    before = [[steps[t][1] for steps, _ in per_rank] for t in range(total)]
+    after = before[1:] + [[last for _, last in per_rank]]
+    out = [("start", 0, [], before[0] if total else after[-1])]
+    for t, (name, step) in enumerate(names):
+        sends = sorted(s for steps, _ in per_rank for s in steps[t][0])
+        out.append((name, step, sends, after[t]))
+    return out
+
+
+def first_difference(recorded, specified):
+    """None when the two lists of states are equal, else a sentence naming the first step that differs."""
+    for got, want in zip(recorded, specified):
+        if got != want:
+            what = "sends" if got[2] != want[2] else "holds"
+            return (f"{want[0]}, step {want[1]}: the code's {what} differ from the specification's: "
+                    f"{got[2] if what == 'sends' else got[3]} against "
+                    f"{want[2] if what == 'sends' else want[3]}")
+    if len(recorded) != len(specified):
+        return f"the code took {len(recorded) - 1} steps, the specification {len(specified) - 1}"
+    return None
