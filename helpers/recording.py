@@ -12,9 +12,17 @@ collective runs unchanged, with dist.batch_isend_irecv wrapped (helpers.patching
 sends and, before each call, what every chunk holds: a step is one call (one batched exchange, as
 lecture 02's `exchange`). The format is lecture 02's simulation's: (phase, step, sends
 [(src, dst, chunk)], holds[rank][chunk] = the ranks whose contributions that rank holds there).
+
+A ring that computes between its passes is recorded by its work instead: flops_per_step (or
+at_waits and per_step around a counter of one's own) counts the matmul flops (FlopCounterMode) from
+one wait of a batched exchange to the next, so that a step is what the code did between two
+arrivals; which blocks those flops are is the lecture's to say.
 """
+import contextlib
+
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.patching import patched
 
@@ -94,3 +102,48 @@ def first_difference(recorded, specified):
     if len(recorded) != len(specified):
         return f"the code took {len(recorded) - 1} steps, the specification {len(specified) - 1}"
     return None
+
+
+class _Marked:
+    """A work handle whose first wait calls `mark` (then waits as the original)."""
+    def __init__(self, work, mark):
+        self._work, self._mark = work, mark
+
+    def wait(self, *args, **kwargs):
+        self._mark()
+        return self._work.wait(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def at_waits(read):
+    """Inside, the first wait for each batched exchange (dist.batch_isend_irecv) appends read() to
+    the list yielded: with a FlopCounterMode's get_total_flops, the flops done by each arrival."""
+    marks = []
+
+    def marked(ops):
+        works, once = originals["batch_isend_irecv"](ops), [True]
+
+        def mark():                       # the first of this pass's handles to be waited for
+            if once:
+                once.pop()
+                marks.append(read())
+        return [_Marked(w, mark) for w in works]
+
+    with patched(dist, batch_isend_irecv=marked) as originals:
+        yield marks
+
+
+def per_step(marks, total):
+    """A running count read at each arrival (at_waits) and at the end, as the count of each step."""
+    ends = list(marks) + [total]
+    return [b - a for a, b in zip([0] + ends[:-1], ends)]
+
+
+def flops_per_step(run):
+    """Run run() (code that passes blocks round a ring with dist.batch_isend_irecv and waits for
+    them); the matmul flops it did in each step: from its start, or a pass's wait, to the next
+    wait, the last step ending with run()."""
+    with FlopCounterMode(display=False) as counter:
+        with at_waits(counter.get_total_flops) as marks:
+            run()
+        return per_step(marks, counter.get_total_flops())

@@ -56,7 +56,7 @@ def _ring(rank, world, layout):
         out = ring_attention(q, k, v, chunks)
     with cp_bench.counted() as bwd:
         out.backward(_take(dout, chunks[rank]))
-    return out.detach(), q.grad, fwd["flops"] + bwd["flops"]
+    return out.detach(), q.grad, fwd["flops"] + bwd["flops"], fwd["steps"]
 
 
 def _wasteful_ring(rank, world):
@@ -81,7 +81,7 @@ def _wasteful_ring(rank, world):
             if t < world - 1:
                 kv, works = ring_pass(kv)
                 [w.wait() for w in works]
-    return torch.cat(out, dim=-2), fwd["flops"]
+    return torch.cat(out, dim=-2), fwd["flops"], fwd["steps"]
 
 
 def _pairs(chunks, diagonal=True):
@@ -99,7 +99,7 @@ def test_the_ring_is_attention(runs):
     ref = tiny.attention(q, k, v)
     ref.backward(dout)
     for name, layout in LAYOUTS.items():
-        for rank, (out, dq, _) in enumerate(runs[name]):
+        for rank, (out, dq, _, _) in enumerate(runs[name]):
             mine = layout(K)[rank]
             torch.testing.assert_close(out, _take(ref.detach(), mine), rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(dq, _take(q.grad, mine), rtol=1e-12, atol=1e-12)
@@ -135,13 +135,35 @@ def test_a_ring_computing_the_future_blocks_fails_it():
     q, k, v, _ = _data()
     ref = tiny.attention(q, k, v)
     runs = spawn(_wasteful_ring, K, backend="gloo")
-    for rank, (out, _) in enumerate(runs):
+    for rank, (out, _, _) in enumerate(runs):
         torch.testing.assert_close(out, _take(ref, zigzag(K)[rank]), rtol=1e-12, atol=1e-12)
-    forward_per_pair = 4 * B * A * N * N * D
-    assert [f for _, f in runs] == [4 * K * forward_per_pair] * K   # what it did
+    assert [f for _, f, _ in runs] == [4 * K * FORWARD_PAIR] * K   # what it did
     with pytest.raises(AssertionError):
-        cp_bench.assert_work([f for _, f in runs], _pairs(zigzag(K)), forward_per_pair,
+        cp_bench.assert_work([f for _, f, _ in runs], _pairs(zigzag(K)), FORWARD_PAIR,
                              "zigzag, future blocks computed")
+    recorded = [[f / FORWARD_PAIR for f in steps] for _, _, steps in runs]   # the picture differs
+    assert recorded == [[4] * K] * K != cp_bench.per_step(_block_steps(zigzag(K)), K)
+
+
+FORWARD_PAIR = 4 * B * A * N * N * D
+
+
+def _block_steps(chunks):
+    """The specification lecture 11 draws: query chunk i meets key chunk j <= i on i's rank at
+    step (owner(i) - owner(j)) mod K."""
+    owner = {c: r for r, mine in enumerate(chunks) for c in mine}
+    return {(i, j): (owner[i], (owner[i] - owner[j]) % len(chunks)) for i in owner for j in owner
+            if j <= i}
+
+
+def test_each_step_recorded_is_the_specification(runs):
+    """The forward's flops read at each pass's arrival, in blocks, equal the blocks the
+    specification gives each rank at each step; each layout's against the other's fails."""
+    for name, layout in LAYOUTS.items():
+        recorded = [[f / FORWARD_PAIR for f in r[3]] for r in runs[name]]
+        assert recorded == cp_bench.per_step(_block_steps(layout(K)), K), name
+        other = zigzag if layout is contiguous else contiguous
+        assert recorded != cp_bench.per_step(_block_steps(other(K)), K), name
 
 
 LINES, WRONG = [[0, 2], [1, 3]], [[0, 1], [2, 3]]   # rings of 2 on 4 ranks: right, wrong group
