@@ -13,6 +13,7 @@ bytes sent are helpers.trace's ring model, but an all-to-all's are counted from 
 N less the rows the rank keeps (lecture 12's; an uneven exchange is no ring). What
 `step` returns comes back assembled: every DTensor in it (a sharded gradient or parameter)
 as its full tensor, its placements under "placements" ({"params.w": "(Shard(dim=0),)"}).
+Figures: the bytes per dimension (draw_bytes) and each dimension's groups (draw_mesh).
 """
 import contextlib
 import math
@@ -128,13 +129,16 @@ def table(counted, model):
                   for dm, kinds in counted.items() for k, (c, n, s) in kinds.items()], cols)
 
 
-def draw_bytes(ax, counted, model, names, coords):
+def draw_bytes(counted, model, names, coords, title):
     """Bars: the bytes (N, KiB) of each rank's calls per mesh dimension, counted; black ticks:
     the model's. counted, model: per rank, as per_dimension gives them; coords: per rank.
     N, not bytes sent: on a dimension of two ranks an all-to-all's sent is the pair's exchange,
     alike on both, while N holds the rows a rank's experts computed (its load)."""
+    import matplotlib.pyplot as plt
+
     from helpers import plots
 
+    fig, ax = plots.figure(width=9, height=3.4, layout="constrained")
     width = 0.81 / len(names)
     xs = [float(r) for r in range(len(counted))]
     for i, (dim, color) in enumerate(zip(names, plots.COLORS[1:])):
@@ -146,3 +150,47 @@ def draw_bytes(ax, counted, model, names, coords):
     ax.set_xticks(xs, [str(tuple(c)) for c in coords])
     ax.set(xlabel=f"rank's ({', '.join(names)}) coordinate", ylabel="KiB in its calls (N)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.set_title(title)
+    plt.show()
+
+
+def _place(rank, shape):
+    """(x, y) of a rank on the page: the last coordinate across, the one before it down, a first
+    of three dimensions as blocks side by side."""
+    stride = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    coord = [rank // stride[d] % shape[d] for d in range(len(shape))]
+    block = coord[0] * (shape[-1] + 0.8) if len(shape) == 3 else 0
+    return block + coord[-1], coord[-2] if len(shape) >= 2 else 0
+
+
+def draw_mesh(groups, shape, source):
+    """groups: {dimension name: [[ranks of one group], ...]}; one panel per dimension, each group
+    a line through its ranks in its own colour; source: what the groups come from (the title):
+    the rule's groups and a run's, drawn alike to be held side by side."""
+    import matplotlib.pyplot as plt
+
+    from helpers import plots
+
+    n = math.prod(shape)
+    fig, axes = plots.figure(ncols=len(groups), width=3.6 * len(groups), height=2.6)
+    for ax, (name, lines) in zip(axes, groups.items()):
+        for g, members in enumerate(lines):
+            for a, b in zip(members, members[1:]):        # neighbours in the group, joined
+                (xa, ya), (xb, yb) = _place(a, shape), _place(b, shape)
+                bend = 0.0 if abs(xb - xa) + abs(yb - ya) <= 1 else 0.3   # around the ranks between
+                ax.annotate("", xy=(xb, yb), xytext=(xa, ya), arrowprops=dict(
+                    arrowstyle="-", lw=6, alpha=0.45, color=plots.COLORS[g % len(plots.COLORS)],
+                    connectionstyle=f"arc3,rad={bend}", shrinkA=0, shrinkB=0))
+        for r in range(n):
+            x, y = _place(r, shape)
+            ax.text(x, y, str(r), ha="center", va="center", fontsize=10,
+                    bbox=dict(boxstyle="circle", facecolor="white", edgecolor="gray"))
+        sizes = sorted({len(m) for m in lines})
+        ax.set_title(f'"{name}": {len(lines)} groups of {"/".join(map(str, sizes))}', fontsize=10)
+        xs, ys = zip(*(_place(r, shape) for r in range(n)))
+        ax.set(xlim=(min(xs) - 0.6, max(xs) + 0.6), ylim=(max(ys) + 0.6, min(ys) - 0.6))
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.suptitle(f"Mesh {tuple(shape)}, each dimension's process groups ({source})", fontsize=11)
+    plt.tight_layout()
+    plt.show()
