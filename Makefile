@@ -73,7 +73,7 @@ UNTIMED = tests/test_spawn.py tests/test_nd3d.py tests/test_fake_mesh.py \
 	tests/test_lecture_10.py tests/test_lecture_11.py tests/test_lecture_12.py \
 	tests/test_consistency.py tests/test_shape.py tests/test_saved.py tests/test_environment.py \
 	tests/test_wrappers_real_model.py tests/test_quoted.py tests/test_lecture_14.py \
-	tests/test_planner_memory.py tests/test_layout.py tests/test_recording.py
+	tests/test_planner_memory.py tests/test_layout.py tests/test_recording.py tests/test_negative_controls.py
 PYTEST = $(BIN)/python -m pytest -ra -p no:cacheprovider
 test: $(READY)
 	@rm -rf build/test-executed build/test-*-tmp; mkdir -p build
