@@ -21,16 +21,13 @@ def spread(errors):
     e = sorted(abs(x) for x in errors)
     return statistics.median(e), statistics.quantiles(e, n=10, method="inclusive")[7]
 
-
 def bounds(lay):                # (low, high) of predicted / emulated - 1: see above
     return (0.0, 0.10) if lay[4] else (-0.02, 0.02)
-
 
 def checked(errors):            # errors: {layout: predicted / emulated - 1}
     median, p80 = spread(errors.values())
     outside = sum(not bounds(k)[0] <= e <= bounds(k)[1] for k, e in errors.items())
     return {"median |error|": median, "p80": p80, "layouts outside": outside}
-
 
 def busiest_bubble(t, lay):     # a control: p - 1 slots of the busiest stage
     slot = t["compute"] + t["tensor"] + t["p2p"]

@@ -184,7 +184,9 @@ def traffic(model, global_batch, micro_batch, dp, tp, pp, zero=0, recompute="ful
       (E integers) is left out.
     pipeline (p > 1), per micro-batch and chunk, one activation forward and one gradient backward
       sent by a middle stage: 2 m v sends of a / t (p2p_split, Megatron's scatter/gather; a with
-      p2p_split False). The matching receives are the neighbours' sends, not counted again.
+      p2p_split False); the first stage's first chunk sends no gradient back and the last stage's
+      last chunk no activation on: m (2v - 1) there (stage None: the most a stage sends). The
+      matching receives are the neighbours' sends, not counted again.
     data (d cp > 1: context-parallel ranks hold the same weights), of the stage's dense parameters P0
       (lectures 05, 06; the gradients in fp32 with main_grads, Megatron's main_grad buffer, else in
       `element`): ZeRO-0: 1 all_reduce of the gradients per step (DDP's 25 MB buckets: one call here);
@@ -226,8 +228,9 @@ def traffic(model, global_batch, micro_batch, dp, tp, pp, zero=0, recompute="ful
         n = 2 * (3 if full else 2) * layers * m
         expert = _dim(all_to_all=(n, n * k * act / tp))
     pipeline = _dim()
-    if pp > 1:
-        n = 2 * m * chunks
+    if pp > 1:          # an end stage sends one way for its outer chunk (None: the most sent)
+        end = pp == 2 if stage is None else stage in (0, pp - 1)
+        n = m * (2 * chunks - end)
         pipeline = _dim(send=(n, n * act / (tp if model.get("p2p_split", True) else 1)))
     i = fullest_stage(model, tp, pp, stages, ep) if stage is None else stage
     dense, expert_params = stage_param_split(model, tp, pp, stages, ep)[i]
