@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from machinery import l16_checkpoints as ckpt_bench
+from machinery import l16_checkpoints as ckpt_bench, l16_reshard_figures as reshard_figures
 from helpers.site import shape
 from helpers.spawn import spawn
 
@@ -120,6 +120,51 @@ def test_saved_on_4_loaded_on_3_is_exact(tmp_path):
             assert torch.equal(v, loaded[1]["state"][k][name]), (k, name)
     files = ckpt_bench.records(dcp.FileSystemReader(path).read_metadata())
     assert sorted(files) == [f"__{r}_0.distcp" for r in range(4)]
+
+
+def _load_recorded(rank, world, path):
+    """ckpt_train's resume on `world` ranks, its reads noted: [(rank, tensor, file, row, end)]."""
+    model, opt = ckpt_train.build(world, ckpt_train.CFG)
+    with reshard_figures.recorded_reads() as log:
+        ckpt_train.resume(os.path.dirname(path), model, opt, rank, restore_rng=False)
+    return [(rank, *r) for r in log]
+
+
+def _pieces(rows, saved_on, loaded_on, split):
+    """The specification lecture 16 draws: loading rank q reads, from each file f, the rows its
+    chunk shares with f's; split(rows, n): each rank's (first row, end row)."""
+    return [(q, f, max(lo, a), min(hi, b)) for q, (lo, hi) in enumerate(split(rows, loaded_on))
+            for f, (a, b) in enumerate(split(rows, saved_on)) if max(lo, a) < min(hi, b)]
+
+
+def _torch_chunks(rows, n):            # FSDP2's Shard(0), as torch.chunk cuts
+    parts = torch.arange(rows).chunk(n)
+    return [(int(p[0]), int(p[-1]) + 1) for p in parts]
+
+
+def _balanced(rows, n):                # a plausible wrong rule: sizes differing by at most one
+    parts = np.array_split(np.arange(rows), n)
+    return [(int(p[0]), int(p[-1]) + 1) for p in parts if len(p)]
+
+
+def test_each_rank_reads_what_its_chunk_shares_with_each_file(tmp_path):
+    """Saved on 4, resumed on 3: every piece dcp.load read (recorded from its reader's plan) is
+    the specification's, for every tensor saved in 4 shards; the balanced split's specification, a
+    plausible wrong rule, differs (fc2's 16 rows: 6, 6, 4 against 6, 5, 5)."""
+    path = str(tmp_path / "step_00001")
+    spawn(_save_and_load, 4, args=(path, None), backend="gloo")
+    meta = dcp.FileSystemReader(path).read_metadata()
+    got = sorted(r for log in spawn(_load_recorded, 3, args=(path,), backend="gloo") for r in log)
+    sharded = lambda n: len(meta.state_dict_metadata[n].chunks) == 4     # noqa: E731 (not RNG)
+    names = sorted({n for _, n, *_ in got if sharded(n)})
+    assert any(n.endswith("fc2.weight") for n in names), names
+    wrong = 0
+    for name in names:
+        rows = meta.state_dict_metadata[name].size[0]
+        read = [(q, f, a, b) for q, n, f, a, b in got if n == name]
+        assert read == _pieces(rows, 4, 3, _torch_chunks), (name, read)
+        wrong += read != _pieces(rows, 4, 3, _balanced)
+    assert wrong                                    # the control: the wrong rule draws otherwise
 
 
 C, M = 0.03, 180.0   # a checkpoint of 30 ms, a failure every 3 minutes
