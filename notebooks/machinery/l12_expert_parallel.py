@@ -126,3 +126,31 @@ def draw_load(ax, routed, kept, cap):
            xticklabels=[f"rank {g}" for g in range(K)], xlabel="each rank's tokens, per expert",
            ylabel="assignments per expert", ylim=(0, 1.3 * max(r + [cap])))
     ax.legend(fontsize=7, loc="upper center", ncol=3)
+
+
+def draw_dispatch(kept, title):
+    """Where the rows go, from the routing (kept: K x E, the assignments each rank's tokens keep
+    per expert): a bar per rank of its kept rows, a segment per expert as long as its rows, in
+    the colour of the rank that holds the expert (hatched: that rank's second, third, ...
+    expert). The dispatch sends each segment to its colour's rank; the return brings it back."""
+    import matplotlib.pyplot as plt
+
+    K, E = kept.shape
+    per = E // K
+    fig, ax = plots.figure(width=9, height=0.7 + 0.5 * K)
+    for i in range(K):
+        left = 0
+        for e in range(E):
+            rows = int(kept[i, e])
+            if rows:
+                ax.barh(i, rows, left=left, color=plots.COLORS[e // per], alpha=0.8,
+                        edgecolor="white", hatch="//" if e % per else None)
+                ax.text(left + rows / 2, i, f"e{e}", ha="center", va="center", fontsize=7)
+            left += rows
+    ax.set_yticks(range(K), [f"rank {i}" for i in range(K)])
+    ax.set(ylim=(K - 0.5, -0.5), xlabel="rows a rank keeps (its tokens x picks)", title=title)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plots.COLORS[j], alpha=0.8,
+                                     label=f"to rank {j}") for j in range(K)],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.grid(False)
+    plt.show()
