@@ -178,7 +178,6 @@ def forward_model(gather_s, compute_s, layers, share=0.0):
     beside = g if g / (1 + share) >= c else c + g * share / (1 + share)
     return layers * (g + c), g + (layers - 1) * beside + c
 
-
 def assert_forward_model(added_s, gather_s, compute_s, layers, share, tolerance_s):
     """What the gathers add to each forward ({prefetch: seconds}) is the model's, within
     tolerance_s[prefetch] (the rounds' spread and the floor's)."""
