@@ -172,6 +172,28 @@ def test_the_readme_lists_the_same_lectures_in_order():
     assert all(nn == name[:2] for nn, name in rows)
 
 
+def folded(path):
+    """The code cells folded on the site (tag hide-input) or in JupyterLab (source_hidden): for
+    each, whether it is folded in both and says what it draws in its first lines, and its head."""
+    out = []
+    for c in json.loads(path.read_text())["cells"]:
+        tags, hidden = c["metadata"].get("tags", []), c["metadata"].get("jupyter", {}).get("source_hidden")
+        if c["cell_type"] == "code" and ("hide-input" in tags or hidden):
+            head = "".join(c["source"]).splitlines()[:2]
+            out.append(("hide-input" in tags and hidden is True and any("# figure: " in line for line in head),
+                        head[0][:60]))
+    return out
+
+
+@by_name
+def test_a_folded_cell_is_folded_on_the_site_and_in_lab_and_says_what_it_draws(path):
+    assert all(ok for ok, _ in folded(path)), [head for ok, head in folded(path) if not ok]
+
+
+def test_figure_cells_are_folded():
+    assert sum(len(folded(p)) for p in NOTEBOOKS) >= 10
+
+
 @by_name
 def test_one_cell_draws_the_key_figure_and_has_a_caption(path):
     tagged = [c for c in json.loads(path.read_text())["cells"] if images.TAG in c["metadata"].get("tags", [])]
