@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE_TITLE = "Distributed training, by running it"
-REFERENCE = ("gpu_facts.md",)    # markdown pages beside the lectures, linked from them and the index
+REFERENCE = ("gpu_facts.md", "notation.md")    # markdown pages beside the lectures, linked from them and the index
 
 
 def lectures(only=None):
@@ -115,7 +115,8 @@ def index_page(executed, figures):
              "lectures as they ran on the machine named above; to run them yourself, clone the "
              "repository and `make lab`.", "",
              "```{toctree}", ":hidden:", ":maxdepth: 1", "", *[nb.stem for nb in executed], "```", "",
-             "Reference: [the GPU facts the lectures rely on, with their sources](gpu_facts.md).", ""]
+             "Reference: [the GPU facts the lectures rely on, with their sources](gpu_facts.md); "
+             "[the notation](notation.md).", ""]
     for nb in executed:
         title, summary = title_and_summary(nb)
         lines += [f"## [{title}]({nb.name})", ""]
