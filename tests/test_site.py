@@ -65,6 +65,8 @@ addEventListener('load', function () {
     if (!node.parentElement.closest('pre, code, script, style, math') && node.parentElement.getClientRects().length)
       prose.push(node.data);
   var tex = prose.join(' ').match(/\\[A-Za-z]+|\$[^$\n]*[\\^_{][^$\n]*\$/g) || [];
+  // a folded cell (MyST-NB's hide-input) is opened, as a reader who wants its code opens it
+  document.querySelectorAll('.cell details').forEach(function (d) { d.open = true; });
   var r = {
     title: document.title,
     maths: Array.from(document.querySelectorAll('math')).filter(function (m) {

@@ -20,5 +20,6 @@ def exposed_data(data, after_step, compute, share, m, zero, overlap):
 
 
 def pipeline_time(compute, tensor, p2p, m, p):
-    """Exercise 3: m + p - 1 slots of one micro-batch's (compute + tensor + p2p)."""
-    return (m + p - 1) / m * (compute + tensor + p2p)
+    """Exercise 3: m + p - 1 slots of one micro-batch's (compute + tensor + p2p), less the sends
+    the two end stages do not make (each sends half of a middle stage's) when p > 2."""
+    return (m + p - 1) / m * (compute + tensor + p2p) - (p2p / m if p > 2 else 0.0)
