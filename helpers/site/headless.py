@@ -1,5 +1,6 @@
 """Running a lecture headless, as CI (tests/test_notebooks.py), `make html` (helpers.site) and
-bench/series.py do: papermill, with one fix in the client beneath it.
+bench/series.py do: papermill, with one fix in the client beneath it, and the kernel reached over
+unix sockets instead of TCP ports (_ipc_kernel_manager says why).
 
 The fix. A lecture with an ipywidgets `interact` (lecture 02's ring, stepped by a slider) sometimes
 stalled headless under load: the kernel idle, the notebook client waiting until the cell's timeout.
@@ -46,15 +47,42 @@ def _patch_client():
     AsyncZMQSocketChannel.get_msg = get_msg
 
 
+def _ipc_kernel_manager(folder):
+    """jupyter_client's kernel manager reaching its kernel over unix sockets in a folder of its own,
+    not TCP ports: over TCP the client picks five free ports and the kernel binds them a moment
+    later, and a process beside it (a gloo store, torchrun's rendezvous: `make test` runs lectures
+    beside those) can take one in between: the kernel died with "Address already in use" and the
+    lecture failed after 60 s (bench/series.py's run of 2026-12-07). folder: where the sockets go."""
+    import os
+
+    from jupyter_client import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+            self.ip = os.path.join(folder, "ipc")          # its sockets: folder/ipc-N
+
+    return IPCKernelManager
+
+
 def execute(src, dst, parameters=None, timeout=300, save_each_cell=False):
     """Run notebook `src` with papermill (its folder as working directory), writing `dst`; raises
     papermill's errors. `timeout`: seconds a cell may take before it fails."""
+    import shutil
+    import tempfile
     from pathlib import Path
 
     import papermill
 
     _patch_client()
-    return papermill.execute_notebook(str(src), str(dst), parameters=parameters or {},
-                                      cwd=str(Path(src).parent), kernel_name="python3",
-                                      progress_bar=False, log_output=False, execution_timeout=timeout,
-                                      request_save_on_cell_execute=save_each_cell)
+    folder = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        return papermill.execute_notebook(str(src), str(dst), parameters=parameters or {},
+                                          cwd=str(Path(src).parent), kernel_name="python3",
+                                          progress_bar=False, log_output=False,
+                                          execution_timeout=timeout,
+                                          request_save_on_cell_execute=save_each_cell,
+                                          kernel_manager_class=_ipc_kernel_manager(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
