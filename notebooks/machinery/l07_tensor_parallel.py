@@ -9,6 +9,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -40,6 +41,45 @@ def draw_split(ax, kind, K=4):
     ax.text(2.3, 1.5, "@", ha="center", va="center", fontsize=14)
     ax.set_xlim(-0.3, 9.5); ax.set_ylim(-1.6, 3.3); ax.axis("off"); ax.set_aspect("equal")
 
+
+def draw_splits(K=4):
+    """The column-parallel and the row-parallel split side by side (draw_split)."""
+    fig, axes = plots.figure(ncols=2, width=12, height=3)
+    draw_split(axes[0], "column", K)
+    draw_split(axes[1], "row", K)
+    fig.suptitle(f"Colours: rank 0..{K - 1} of K={K}; grey: the same on every rank")
+    plt.show()
+
+def draw_f_and_g(K=4):
+    """Megatron's MLP on K ranks, left to right: X whole, f, each rank's column slice, GeLU, its row
+    slice (a partial sum), g, Y whole; above, what f and g do forward, below, backward."""
+    fig, ax = plots.figure(width=11, height=3.2)
+    stages = [("X", None), ("f", "op"), ("X A$_k$", "ranks"), ("GeLU", "ranks"),
+              ("(.) B$_k$", "ranks"), ("g", "op"), ("Y", None)]
+    for i, (label, kind) in enumerate(stages):
+        x = 1.5 * i
+        if kind == "ranks":
+            for k in range(K):
+                ax.add_patch(Rectangle((x - 0.45, 2.2 - 0.5 * k), 0.9, 0.4, fc=plots.COLORS[k],
+                                       alpha=0.7, ec="k"))
+            ax.text(x, 2.85, label, ha="center", fontsize=10)
+        elif kind == "op":
+            ax.add_patch(Rectangle((x - 0.3, 0.7), 0.6, 1.9, fc="white", ec="k", lw=2))
+            ax.text(x, 1.65, label, ha="center", va="center", fontsize=16, weight="bold")
+        else:
+            ax.add_patch(Rectangle((x - 0.45, 0.7), 0.9, 1.9, fc="0.85", ec="k"))
+            ax.text(x, 1.65, label, ha="center", va="center", fontsize=11)
+        if i:
+            ax.annotate("", xy=(x - 0.5, 1.65), xytext=(x - 1.0, 1.65),
+                        arrowprops=dict(arrowstyle="->", color="0.4"))
+    for x, fwd, bwd in ((1.5, "forward: identity", "backward: all-reduce of dL/dX"),
+                        (7.5, "forward: all-reduce", "backward: identity")):
+        ax.text(x, 3.35, fwd, ha="center", fontsize=9, color=plots.MODEL)
+        ax.text(x, 0.3, bwd, ha="center", fontsize=9, color=plots.MEASURED)
+    ax.set(xlim=(-0.7, 9.7), ylim=(0, 3.7),
+           title=f"Megatron's MLP on K = {K}: colours rank 0..{K - 1}'s slices, grey whole on every rank")
+    ax.axis("off")
+    plt.show()
 
 def counted(blk, x):
     """Parameter bytes, bytes autograd saves for backward (parameters aside), and the matmul
