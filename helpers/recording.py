@@ -29,13 +29,6 @@ from helpers.patching import patched
 PER_CHUNK = 3           # elements per chunk: every chunk non-empty, each of its elements checked
 
 
-def _bounds(n, k):
-    """(start, stop) of each of torch.tensor_split's k chunks of n elements."""
-    sizes = [len(c) for c in torch.tensor_split(torch.empty(n), k)]
-    starts = [sum(sizes[:i]) for i in range(k)]
-    return [(s, s + z) for s, z in zip(starts, sizes)]
-
-
 def _holds(x, bounds):
     """For each chunk, the set of ranks whose tag its elements sum (every element the same)."""
     out = []
@@ -51,18 +44,16 @@ def _holds(x, bounds):
 def ring_steps(rank, k, collective):
     """Run collective(x) on this rank's tag; [(sends [(rank, dst, chunk)], holds before the step)]
     for each step, and the holds after the last one."""
-    x = torch.full((k * PER_CHUNK,), 2.0 ** rank, dtype=torch.float64)
-    bounds = _bounds(len(x), k)
-    base, size = x.data_ptr(), x.element_size()
+    x = torch.full((k * PER_CHUNK,), 2.0 ** rank, dtype=torch.float64)   # k equal chunks
+    bounds = [(c * PER_CHUNK, (c + 1) * PER_CHUNK) for c in range(k)]
     steps = []
 
     def chunk_of(t):
-        start = (t.data_ptr() - base) // size
-        found = [c for c, (s, e) in enumerate(bounds) if s == start and e - s == t.numel()]
-        if not found:
+        start = (t.data_ptr() - x.data_ptr()) // x.element_size()
+        if start % PER_CHUNK or t.numel() != PER_CHUNK:
             raise AssertionError(f"rank {rank} sent {t.numel()} elements that are not one chunk "
                                  f"of its tensor (offset {start})")
-        return found[0]
+        return start // PER_CHUNK
 
     def recording(ops):
         sends = sorted((rank, op.peer, chunk_of(op.tensor)) for op in ops if op.op is dist.isend)

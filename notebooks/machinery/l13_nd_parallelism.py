@@ -18,6 +18,7 @@ Figures: the bytes per dimension (draw_bytes) and each dimension's groups (draw_
 import contextlib
 import math
 
+import numpy as np
 import torch.distributed as dist
 
 from helpers import trace
@@ -157,8 +158,7 @@ def draw_bytes(counted, model, names, coords, title):
 def _place(rank, shape):
     """(x, y) of a rank on the page: the last coordinate across, the one before it down, a first
     of three dimensions as blocks side by side."""
-    stride = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    coord = [rank // stride[d] % shape[d] for d in range(len(shape))]
+    coord = [int(c) for c in np.unravel_index(rank, shape)]          # row-major, as the mesh
     block = coord[0] * (shape[-1] + 0.8) if len(shape) == 3 else 0
     return block + coord[-1], coord[-2] if len(shape) >= 2 else 0
 
