@@ -54,8 +54,8 @@ def draw_f_and_g(K=4):
     """Megatron's MLP on K ranks, left to right: X whole, f, each rank's column slice, GeLU, its row
     slice (a partial sum), g, Y whole; above, what f and g do forward, below, backward."""
     fig, ax = plots.figure(width=11, height=3.2)
-    stages = [("X", None), ("f", "op"), ("X A$_k$", "ranks"), ("GeLU", "ranks"),
-              ("(.) B$_k$", "ranks"), ("g", "op"), ("Y", None)]
+    stages = [("X", None), ("f", "op"), ("column slice k", "ranks"), ("GeLU", "ranks"),
+              ("row: partial sum k", "ranks"), ("g", "op"), ("Y", None)]
     for i, (label, kind) in enumerate(stages):
         x = 1.5 * i
         if kind == "ranks":

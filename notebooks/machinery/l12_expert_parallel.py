@@ -148,7 +148,7 @@ def draw_dispatch(kept, title):
                 ax.text(left + rows / 2, i, f"e{e}", ha="center", va="center", fontsize=7)
             left += rows
     ax.set_yticks(range(K), [f"rank {i}" for i in range(K)])
-    ax.set(ylim=(K - 0.5, -0.5), xlabel="rows a rank keeps (its tokens x picks)", title=title)
+    ax.set(ylim=(K - 0.5, -0.5), xlabel="rows a rank keeps (its tokens x picks, less those dropped)", title=title)
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plots.COLORS[j], alpha=0.8,
                                      label=f"to rank {j}") for j in range(K)],
               fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
