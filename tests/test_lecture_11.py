@@ -240,3 +240,33 @@ def test_the_merge_is_stable_where_a_naive_one_overflows():
     torch.testing.assert_close(lse, lse1 + math.log(4), rtol=1e-15, atol=0)
     naive = (lse1.exp() * out1 + lse2.exp() * out2) / (lse1.exp() + lse2.exp())
     assert torch.isnan(naive).all()                     # the negative control: inf / inf
+
+
+def _kv_repeated(q, k, v, chunks):
+    """GQA done the naive way: each key/value head copied for its queries, then the ring."""
+    from course.sequence_context_parallel import ring_forward
+    return ring_forward(q, k.expand_as(q).contiguous(), v.expand_as(q).contiguous(), chunks)
+
+
+def _groups_transposed(q, k, v, chunks):
+    """A wrong grouping: query heads taken across the key/value heads instead of within them."""
+    from course.sequence_context_parallel import ring_forward
+    regrouped = q.transpose(1, 2).reshape(q.shape)
+    return ring_forward(regrouped, k, v, chunks)
+
+
+def test_gqa_runs_the_ring_as_it_is_and_a_ring_of_copied_heads_sends_more():
+    """Section 5: the lecture's ring_forward on grouped-query attention by broadcasting equals
+    torch's enable_gqa attention and sends 2(K-1) b (s/K) a_kv d w bytes; copying the key/value
+    heads before the ring is also attention but sends a / a_kv times that; a wrong grouping of
+    the query heads is not attention."""
+    from course.sequence_context_parallel import ring_forward
+    k_, a, a_kv, n = 2, 4, 2, 2
+    gen = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(1, a, 2 * k_ * n, D, generator=gen, dtype=torch.float64) for _ in range(3)]
+    formula = 2 * (k_ - 1) * 1 * 2 * n * a_kv * D * 8
+    assert cp_bench.gqa_run(ring_forward, zigzag(k_), qkv, a_kv, n, "gloo") == [formula] * k_
+    copied = cp_bench.gqa_run(_kv_repeated, zigzag(k_), qkv, a_kv, n, "gloo")
+    assert copied == [formula * a // a_kv] * k_
+    with pytest.raises(AssertionError, match="GQA with 2 key/value heads"):
+        cp_bench.gqa_run(_groups_transposed, zigzag(k_), qkv, a_kv, n, "gloo")

@@ -6,7 +6,8 @@ code (FlopCounterMode for the matmuls, helpers.trace for the bytes sent), the ke
 (counted work per rank equals the causal layout's model), and the key figure; the pictures of the
 ring's causal blocks: who computes each and at which step (the lecture's specification, drawn by
 draw_blocks) and each rank's blocks per step as recorded from the run (draw_steps). It holds none of
-the lecture's algorithm.
+the lecture's algorithm. Section 1's data (block_and_data) and section 5's run of the lecture's ring on
+grouped-query attention, checked against torch's attention (gqa_run).
 """
 import contextlib
 
@@ -14,7 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import plots, recording, trace
+from helpers import plots, recording, tiny, trace
 
 
 def saved_bytes(run, params=()):
@@ -34,6 +35,18 @@ def saved_bytes(run, params=()):
     total = sum(kept.values())
     del out
     return total
+
+
+def block_and_data(h, a, s, b=2, dev="cpu"):
+    """Section 1's data: tiny's block of width h, a heads (seed 0), its LayerNorms moved off weight
+    1 and bias 0 (a mistake with them shows), an input x and an upstream gradient up, (b, s, h)."""
+    block = tiny.transformer(dim=h, heads=a, depth=1, seed=0, device=dev).blocks[0]
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in (*block.ln1.parameters(), *block.ln2.parameters()):
+            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(dev))
+    x, up = (torch.randn(b, s, h, generator=gen, dtype=torch.float64).to(dev) for _ in "xu")
+    return block, x, up
 
 
 def glue(pieces, how, rows):
@@ -67,6 +80,38 @@ def counted():
                sends=log.count("send"))
 
 
+def _gqa_rank(rank, K, forward, chunks, q, k, v, n):
+    from helpers.spawn import device
+    mine = [torch.cat([x.narrow(-2, i * n, n) for i in chunks[rank]], dim=-2).to(device())
+            for x in (q, k, v)]
+    with counted() as fwd:
+        out, _ = forward(*mine, chunks)
+    return out.cpu(), fwd["sent"]
+
+
+def gqa_run(forward, chunks, qkv, a_kv, n, backend):
+    """Section 5: `forward` (the lecture's ring_forward, unchanged) on grouped-query attention,
+    a_kv key/value heads for qkv's a query heads, by broadcasting: queries as (b, a_kv, a/a_kv,
+    s, d), keys and values as (b, a_kv, 1, s, d). Each rank's output is checked against its
+    chunks of torch's scaled_dot_product_attention(..., enable_gqa=True) on the whole sequence
+    (float64); returns the bytes each rank sent."""
+    import torch.nn.functional as F
+
+    from helpers.spawn import spawn
+
+    q, k, v = qkv
+    b, a, s, d = q.shape
+    k, v = k[:, :a_kv].contiguous(), v[:, :a_kv].contiguous()
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    runs = spawn(_gqa_rank, len(chunks), backend=backend, args=(
+        forward, chunks, q.reshape(b, a_kv, a // a_kv, s, d), k[:, :, None], v[:, :, None], n))
+    for mine, (out, _) in zip(chunks, runs):
+        ours = torch.cat([want.narrow(-2, i * n, n) for i in mine], dim=-2)
+        torch.testing.assert_close(out.reshape(ours.shape), ours, rtol=1e-12, atol=1e-12,
+                                   msg=f"GQA with {a_kv} key/value heads, chunks {mine}")
+    return [sent for _, sent in runs]
+
+
 def assert_work(counted_flops, pairs, flops_per_pair, layout):
     """The key claim: every rank's counted matmul flops equal the model, its chunk pairs times
     the flops of one pair (both are counts: tolerance 0). counted_flops and pairs: per rank."""
@@ -80,8 +125,9 @@ def imbalance(per_rank):
     return max(per_rank) / (sum(per_rank) / len(per_rank))
 
 
-def draw_work(ax, counted_by_layout, model_by_layout, unit):
-    """Bars: counted flops per rank of each layout (in `unit` flops); black ticks: the model."""
+def draw_work(counted_by_layout, model_by_layout, title, unit=1e6):
+    """Bars: counted flops per rank of each layout (in Mflop); black ticks: the model."""
+    fig, ax = plots.figure(width=8, height=3.6)
     layouts = list(counted_by_layout)
     K = len(counted_by_layout[layouts[0]])
     width = 0.8 / len(layouts)
@@ -92,7 +138,9 @@ def draw_work(ax, counted_by_layout, model_by_layout, unit):
         ax.plot(xs, [f / unit for f in model_by_layout[name]], "k_", ms=18, mew=2)
     ax.plot([], [], "k_", ms=12, mew=2, label="model: pairs x flops per pair")
     ax.set_xticks(range(K), [f"rank {r}" for r in range(K)])
+    ax.set(ylabel="Mflop per rank (forward + backward)", title=title)
     ax.legend(fontsize=8)
+    plt.show()
 
 
 def per_step(spec, K):
