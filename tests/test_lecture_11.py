@@ -263,10 +263,11 @@ def test_gqa_runs_the_ring_as_it_is_and_a_ring_of_copied_heads_sends_more():
     from course.sequence_context_parallel import ring_forward
     k_, a, a_kv, n = 2, 4, 2, 2
     gen = torch.Generator().manual_seed(0)
-    qkv = [torch.randn(1, a, 2 * k_ * n, D, generator=gen, dtype=torch.float64) for _ in range(3)]
+    q, k, v = (torch.randn(1, a, 2 * k_ * n, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    qkv = (q.view(1, a_kv, a // a_kv, -1, D), k[:, :a_kv, None], v[:, :a_kv, None])   # as the lecture
     formula = 2 * (k_ - 1) * 1 * 2 * n * a_kv * D * 8
-    assert cp_bench.gqa_run(ring_forward, zigzag(k_), qkv, a_kv, n, "gloo") == [formula] * k_
-    copied = cp_bench.gqa_run(_kv_repeated, zigzag(k_), qkv, a_kv, n, "gloo")
+    assert cp_bench.gqa_run(ring_forward, zigzag(k_), qkv, n, "gloo") == [formula] * k_
+    copied = cp_bench.gqa_run(_kv_repeated, zigzag(k_), qkv, n, "gloo")
     assert copied == [formula * a // a_kv] * k_
     with pytest.raises(AssertionError, match="GQA with 2 key/value heads"):
-        cp_bench.gqa_run(_groups_transposed, zigzag(k_), qkv, a_kv, n, "gloo")
+        cp_bench.gqa_run(_groups_transposed, zigzag(k_), qkv, n, "gloo")

@@ -89,22 +89,20 @@ def _gqa_rank(rank, K, forward, chunks, q, k, v, n):
     return out.cpu(), fwd["sent"]
 
 
-def gqa_run(forward, chunks, qkv, a_kv, n, backend):
-    """Section 5: `forward` (the lecture's ring_forward, unchanged) on grouped-query attention,
-    a_kv key/value heads for qkv's a query heads, by broadcasting: queries as (b, a_kv, a/a_kv,
-    s, d), keys and values as (b, a_kv, 1, s, d). Each rank's output is checked against its
-    chunks of torch's scaled_dot_product_attention(..., enable_gqa=True) on the whole sequence
-    (float64); returns the bytes each rank sent."""
+def gqa_run(forward, chunks, qkv, n, backend):
+    """Section 5: `forward` (the lecture's ring_forward) on grouped-query attention shaped to
+    broadcast: q (b, a_kv, a/a_kv, s, d), k and v (b, a_kv, 1, s, d). Each rank's output is checked
+    against its chunks of torch's scaled_dot_product_attention(..., enable_gqa=True) on the whole
+    sequence (float64); returns the bytes each rank sent."""
     import torch.nn.functional as F
 
     from helpers.spawn import spawn
 
     q, k, v = qkv
-    b, a, s, d = q.shape
-    k, v = k[:, :a_kv].contiguous(), v[:, :a_kv].contiguous()
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    runs = spawn(_gqa_rank, len(chunks), backend=backend, args=(
-        forward, chunks, q.reshape(b, a_kv, a // a_kv, s, d), k[:, :, None], v[:, :, None], n))
+    b, a_kv, g, s, d = q.shape
+    want = F.scaled_dot_product_attention(q.reshape(b, a_kv * g, s, d), k.squeeze(2), v.squeeze(2),
+                                          is_causal=True, enable_gqa=True)
+    runs = spawn(_gqa_rank, len(chunks), backend=backend, args=(forward, chunks, q, k, v, n))
     for mine, (out, _) in zip(chunks, runs):
         ours = torch.cat([want.narrow(-2, i * n, n) for i in mine], dim=-2)
         torch.testing.assert_close(out.reshape(ours.shape), ours, rtol=1e-12, atol=1e-12,
