@@ -166,3 +166,26 @@ def test_a_cpu_device_needs_no_cuda_sync_and_a_gpu_still_gets_one(monkeypatch):
         torch.cuda.synchronize()
     torch.cuda.synchronize(torch.device("cpu"))      # outside: the function it found, untouched
     assert calls == [torch.device("cuda", 0), None, torch.device("cpu")]
+
+
+def _table(s, b, h, a, w):
+    """Section 1's table tensor by tensor, as the forward saves them (b > 1: q, k, v copies)."""
+    sbh, sb = s * b * h * w, s * b * w
+    ln = [sbh, sb, sb]
+    return ln + [sbh, sbh, sbh, s * s, a * s * s * b * w, sbh, sbh] + ln + [sbh, 4 * sbh, 4 * sbh]
+
+
+def test_the_recorded_saves_are_the_table_tensor_by_tensor():
+    """Section 1's picture: the storages a run saves, in order, are the table's list (issue 48);
+    the fused block records otherwise (no mask, no s x s weights), and at b = 1 q, k and v are
+    views of one storage: another list, the same bytes."""
+    blk = tiny.transformer(64, H, A, 1, 8).blocks[0]
+
+    def record(x, run=blk):
+        return [n for _, n in memory_bench.record_saves(lambda: run(x), blk.parameters())]
+
+    assert record(torch.randn(2, 64, H, dtype=torch.float64)) == _table(64, 2, H, A, 8)
+    assert record(torch.randn(2, 64, H, dtype=torch.float64),
+                  lambda x: _sdpa_block(blk, x)) != _table(64, 2, H, A, 8)
+    one = record(torch.randn(1, 64, H, dtype=torch.float64))
+    assert one != _table(64, 1, H, A, 8) and sum(one) == sum(_table(64, 1, H, A, 8))

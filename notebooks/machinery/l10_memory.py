@@ -120,6 +120,25 @@ class SaveLog:
         return torch.autograd.graph.saved_tensors_hooks(pack, hooks.unpack_hook)
 
 
+def record_saves(run, params=()):
+    """[(shape, bytes)] of each storage autograd saves for backward while `run()` executes, in the
+    order first saved, each storage once, the parameters in `params` left out: what a block keeps,
+    tensor by tensor (the lecture's SavedBytes sums the same storages)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip and st.data_ptr() not in seen:
+            seen[st.data_ptr()] = (tuple(t.shape), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()              # alive until recorded: no saved storage is freed and reused
+    del out
+    return [(" x ".join(map(str, shape)), n) for shape, n in seen.values()]
+
+
 def assert_saved(measured, model):
     """The lecture's key claim: measured[point] == model[point] bytes at every point, exactly (the
     formula lists every tensor autograd saves; there is nothing to tolerate)."""
