@@ -241,3 +241,31 @@ def test_the_lecture_has_the_shape():
     assert got["minutes"] <= shape.MINUTES and got["cells over 60"] == 0
     assert got["lines over 88"] == 0 and got["before section 1"] <= shape.BEFORE_SECTION_1
     assert got["wordy prints"] == 0 and got["chosen texts"] == 0
+
+
+class _EagerDDP(BucketedDDP):
+    """Wrong on purpose: a bucket leaves as soon as its first gradient is in."""
+
+    def _grad_ready(self, p):
+        i, view = self.slot[p]
+        torch.div(p.grad.view(-1), self.world_size, out=view)
+        self.pending[i] -= 1
+        if i == self.next:
+            self.works.append(dist.all_reduce(self.flat[i], async_op=True))
+            self.next += 1
+
+
+def test_the_recorded_buckets_are_the_rule_and_an_eager_launch_is_not():
+    """Section 4's picture (issue 48): one backward of BucketedDDP, recorded (a hook on each
+    parameter before the DDP's, and its launches), is the rule's sequence of gradients and
+    launches (l05_buckets.spec) on every rank; a DDP that launches a bucket at its first
+    gradient, and the rule at another cap, record otherwise."""
+    from machinery import l05_buckets as bucket_figures
+    cfg, cap = dict(dim=16, hidden=32, depth=3), 0.004
+    sizes = [p.numel() * 8 for p in tiny.model(**cfg).parameters()][::-1]
+    rule = bucket_figures.spec(sizes, cap * 2**20)
+    right, eager = (spawn(bucket_figures.record, 2,
+                          args=(functools.partial(wrap, bucket_cap_mb=cap), cfg, 0, 1))
+                    for wrap in (BucketedDDP, _EagerDDP))
+    assert right == [rule, rule]
+    assert eager[0] != rule and right[0] != bucket_figures.spec(sizes, 0.01 * 2**20)
