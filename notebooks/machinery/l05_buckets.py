@@ -38,9 +38,10 @@ def record(rank, world_size, wrap, cfg, seed, data_seed):
     in reverse order of registration; a gradient's bucket and a launched buffer's bucket read from
     the DDP's own `buckets` and `flat`."""
     from helpers import tiny
+    from helpers.spawn import device
 
-    model = tiny.model(**cfg, seed=seed)
-    x, y = tiny.batch(8, cfg["dim"], seed=data_seed)
+    model = tiny.model(**cfg, seed=seed, device=device())       # nccl where each rank has a GPU
+    x, y = tiny.batch(8, cfg["dim"], seed=data_seed, device=device())
     params = list(reversed(list(model.parameters())))
     index = {id(p): i for i, p in enumerate(params)}
     events = []
