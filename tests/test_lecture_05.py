@@ -267,5 +267,55 @@ def test_the_recorded_buckets_are_the_rule_and_an_eager_launch_is_not():
     right, eager = (spawn(bucket_figures.record, 2,
                           args=(functools.partial(wrap, bucket_cap_mb=cap), cfg, 0, 1))
                     for wrap in (BucketedDDP, _EagerDDP))
-    assert right == [rule, rule]
-    assert eager[0] != rule and right[0] != bucket_figures.spec(sizes, 0.01 * 2**20)
+    bucket_figures.assert_rule(right, rule)
+    with pytest.raises(AssertionError, match="rank 0, event 1: bucket 0's all-reduce launched; "
+                                             "the rule says gradient 1 ready"):
+        bucket_figures.assert_rule(eager, rule)
+    with pytest.raises(AssertionError):
+        bucket_figures.assert_rule(right, bucket_figures.spec(sizes, 0.01 * 2**20))
+
+
+class _WhenFullDDP(BucketedDDP):
+    """Wrong on purpose: a bucket leaves as soon as it is full, whether or not the earlier have."""
+
+    def _grad_ready(self, p):
+        i, view = self.slot[p]
+        torch.div(p.grad.view(-1), self.world_size, out=view)
+        self.pending[i] -= 1
+        if not self.pending[i]:
+            self.works.append(dist.all_reduce(self.flat[i], async_op=True))
+            self.next += 1
+
+
+class _UsedOutOfOrder(torch.nn.Module):
+    """Registered a, then b; applied b, then a: a's gradients are ready first, so the bucket of
+    b's (first in reverse registration) fills after a's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.a(self.b(x))
+
+
+def _launch_order(rank, world_size, wrap):
+    model = _UsedOutOfOrder()
+    ddp, order = wrap(model, bucket_cap_mb=1e-3), []     # 1 kB: a layer a bucket
+    index = {f.data_ptr(): j for j, f in enumerate(ddp.flat)}
+    real = dist.all_reduce
+    dist.all_reduce = lambda t, *a, **k: order.append(index[t.data_ptr()]) or real(t, *a, **k)
+    try:
+        ddp(torch.ones(4, 16)).sum().backward()
+    finally:
+        dist.all_reduce = real
+    ddp.finish_gradient_sync()
+    return order
+
+
+def test_buckets_leave_in_bucket_order_when_a_later_one_fills_first():
+    """Section 4's 'buckets launch in bucket order, so every rank issues the same collectives in
+    the same order', where the backward fills them out of order; a DDP that launches a bucket as
+    soon as it is full does not."""
+    assert spawn(_launch_order, 2, args=(BucketedDDP,)) == [[0, 1], [0, 1]]
+    assert spawn(_launch_order, 2, args=(_WhenFullDDP,)) == [[1, 0], [1, 0]]

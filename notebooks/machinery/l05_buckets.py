@@ -61,30 +61,51 @@ def record(rank, world_size, wrap, cfg, seed, data_seed):
     return [e + (bucket[e[1]],) if e[0] == "ready" else e for e in events]
 
 
-def draw(runs, title):
-    """One panel per list of events: a row per bucket (first to leave on top), a column per
-    gradient in the order backward makes it ready; a filled cell where a gradient goes into a
-    bucket, a triangle where the bucket leaves."""
-    fig, axes = plots.figure(ncols=len(runs), width=5.5 * len(runs), height=3.2)
+def _say(event):
+    return (f"gradient {event[1]} ready, into bucket {event[2]}" if event[0] == "ready"
+            else f"bucket {event[1]}'s all-reduce launched")
+
+
+def assert_rule(recorded, rule):
+    """Section 4's check: every rank's recorded events are the rule's, one by one; the first
+    that is not is named, on the first rank where one differs."""
+    for rank, events in enumerate(recorded):
+        for k, (got, want) in enumerate(zip(events + [None] * len(rule), rule + [None] * len(events))):
+            if got != want:
+                raise AssertionError(f"rank {rank}, event {k}: " + (_say(got) if got else "nothing")
+                                     + "; the rule says " + (_say(want) if want else "nothing"))
+
+
+def draw(runs, sizes, cap_bytes, title=""):
+    """One panel per list of events: a row per bucket (first to leave on top); each gradient a
+    bar as wide as its bytes, laid out in the order backward makes them ready (reverse
+    registration), in its bucket's row; a dashed line a cap past each bucket's start (a bucket
+    closes at the gradient that reaches it); a triangle where a bucket's all-reduce is launched,
+    at the gradient whose arrival launched it."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    fig, axes = plots.figure(ncols=len(runs), width=6 * len(runs), height=3.4)
     axes = axes if len(runs) > 1 else [axes]
     for ax, (label, events) in zip(axes, runs.items()):
-        ready = [e for e in events if e[0] == "ready"]
-        col = 0
+        first, last = {}, None
         for e in events:
             if e[0] == "ready":
-                col = e[1]
-                ax.add_patch(plt.Rectangle((col - 0.4, e[2] - 0.35), 0.8, 0.7,
-                                                 color=plots.COLORS[e[2] % len(plots.COLORS)]))
+                last, j = e[1], e[2]
+                first.setdefault(j, starts[e[1]])
+                ax.barh(j, sizes[e[1]], left=starts[e[1]], height=0.6, edgecolor="white",
+                        color=plots.COLORS[j % len(plots.COLORS)])
             else:
-                ax.plot(col + 0.55, e[1], ">", color="k", ms=7)
-        n_buckets = 1 + max(e[1] for e in events if e[0] == "launch")
-        ax.set(xlim=(-0.7, len(ready) + 0.3), ylim=(n_buckets - 0.5, -0.5),
-               xlabel="gradients, in the order backward makes them ready", title=label)
-        ax.set_yticks(range(n_buckets), [f"bucket {j}" for j in range(n_buckets)])
+                ax.plot(starts[last] + sizes[last], e[1], ">", color="k", ms=7)
+        for j, x0 in first.items():
+            ax.plot([x0 + cap_bytes] * 2, [j - 0.4, j + 0.4], "k--", lw=1)
+        ax.set(ylim=(len(first) - 0.5, -0.5), xlim=(0, sum(sizes) * 1.03), title=label,
+               xlabel="gradient bytes, in the order backward makes them ready")
+        ax.set_yticks(range(len(first)), [f"bucket {j}" for j in range(len(first))])
         ax.grid(False)
     axes[0].plot([], [], ">", color="k", label="all-reduce launched")
-    axes[0].legend(fontsize=8, loc="lower left")
-    fig.suptitle(title)
+    axes[0].plot([], [], "k--", lw=1, label="the cap, from the bucket's start")
+    axes[0].legend(fontsize=7, loc="lower left")
+    if title:
+        fig.suptitle(title)
     plt.show()
 
 
