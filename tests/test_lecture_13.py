@@ -346,3 +346,33 @@ def test_data_context_without_its_cp_reduction_is_not_one_process():
         assert "all_reduce" not in mesh_bench.per_dimension(run["log"], CP_NAMES)["cp"]
         with pytest.raises(AssertionError):
             _assert_cp_equal(run, rank, reference)
+
+
+def _unbilled_extra(rank, world_size, *args):
+    """nd3d with a collective its bill leaves out: every all-reduce issued twice, billed once (the
+    sum then twice as large: only the bytes matter here)."""
+    import nd3d
+    billed = nd3d.all_reduce
+
+    def twice(comm, dim, t):
+        if comm["size"][dim] > 1:
+            dist.all_reduce(t.clone(), group=comm["group"][dim])
+        return billed(comm, dim, t)
+    nd3d.all_reduce = twice
+    return mesh_bench.traced_nd3d(rank, world_size, *args)
+
+
+def test_section_3_traces_nd3d_s_bytes_and_an_unbilled_call_shows():
+    """Section 3's bytes come from helpers.trace around nd3d.train (the expert read's 'self-billed'
+    finding): on a (2, 2, 2) mesh they equal nd3d's own bill per dimension; a run whose all-reduces
+    are issued twice and billed once keeps its bill but is traced at twice the tp and dp bytes."""
+    import nd3d
+    cfg, args = dict(nd3d.CFG, depth=4, batch=8), (2, 2, 2)
+    right = spawn(mesh_bench.traced_nd3d, 8, args=(*args, cfg, 1, 2))
+    for out in right:
+        assert out["traced"] == pytest.approx(out["bytes"]), (out["traced"], out["bytes"])
+    extra = spawn(_unbilled_extra, 8, args=(*args, cfg, 1, 2))
+    for out, ok in zip(extra, right):
+        assert out["bytes"] == pytest.approx(ok["bytes"])
+        assert out["traced"]["tp"] == pytest.approx(2 * ok["traced"]["tp"])
+        assert out["traced"]["dp"] == pytest.approx(2 * ok["traced"]["dp"])

@@ -119,6 +119,26 @@ def run(parts, step, shape, names, args=(), backend="auto", torch_count=False):
                  args=(parts, step, tuple(shape), tuple(names), tuple(args), torch_count))
 
 
+def traced_nd3d(rank, world_size, dp, tp, pp, cfg, steps, micro_batches):
+    """nd3d.train on this rank, wrapped in helpers.trace: its result, and "traced" ({dim: bytes
+    this rank sent per step}), every call read where torch sees it (its group named by its global
+    ranks: the dimension's), not from nd3d's own bill. The world all-reduce of the losses after
+    training (bookkeeping) is left out; any other call outside the mesh's groups fails."""
+    import nd3d
+
+    with trace.calls() as log:
+        res = nd3d.train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches)
+    dims = {tuple(res["groups"][d]): d for d in nd3d.DIMS if len(res["groups"][d]) > 1}
+    sent = {d: 0 for d in nd3d.DIMS}
+    for c in log.calls:
+        if c.ranks in dims:
+            sent[dims[c.ranks]] += c.ring_sent
+        elif not (c.kind == "all_reduce" and c.size == world_size):
+            raise RuntimeError(f"{c.op} on ranks {c.ranks}: not a mesh dimension's group")
+    res["traced"] = {d: b / steps for d, b in sent.items()}
+    return res
+
+
 def table(counted, model):
     """Print counted calls and bytes per dimension and collective beside the model's bytes
     sent; both as per_dimension gives them ({dim: {kind: [calls, N, sent]}})."""
