@@ -273,6 +273,7 @@ def train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches, timed=False, 
     t = clock.read() if timed else {}
     return dict(losses=total.tolist(), params={n: p.detach() for n, p in P.items()}, layout=where,
                 coord=c, groups={d: dist.get_process_group_ranks(comm["group"][d]) for d in DIMS},
+                group_names={d: comm["group"][d].group_name for d in DIMS},
                 bytes={d: b / steps for d, b in comm["bytes"].items()},
                 calls={d: {k: n // steps for k, n in v.items()} for d, v in comm["calls"].items()},
                 step_s=[t[("end", s)] - t[("end", s - 1)] for s in range(steps)] if timed else None)

@@ -291,16 +291,16 @@ class _UsedOutOfOrder(torch.nn.Module):
     """Registered a, then b; applied b, then a: a's gradients are ready first, so the bucket of
     b's (first in reverse registration) fills after a's."""
 
-    def __init__(self):
+    def __init__(self, flip=False):
         super().__init__()
-        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.a, self.b, self.flip = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), flip
 
     def forward(self, x):
-        return self.a(self.b(x))
+        return self.b(self.a(x)) if self.flip else self.a(self.b(x))
 
 
-def _launch_order(rank, world_size, wrap):
-    model = _UsedOutOfOrder()
+def _launch_order(rank, world_size, wrap, by_rank=False):
+    model = _UsedOutOfOrder(flip=by_rank and rank == 1)
     ddp, order = wrap(model, bucket_cap_mb=1e-3), []     # 1 kB: a layer a bucket
     index = {f.data_ptr(): j for j, f in enumerate(ddp.flat)}
     real = dist.all_reduce
@@ -319,3 +319,8 @@ def test_buckets_leave_in_bucket_order_when_a_later_one_fills_first():
     soon as it is full does not."""
     assert spawn(_launch_order, 2, args=(BucketedDDP,)) == [[0, 1], [0, 1]]
     assert spawn(_launch_order, 2, args=(_WhenFullDDP,)) == [[1, 0], [1, 0]]
+    # where the ranks' gradients come in different orders (the layers applied in another order on
+    # rank 1), launching once full makes the ranks call the two all-reduces in different orders:
+    # gloo then sums one rank's bucket 0 with the other's bucket 1 (the same size), silently
+    assert spawn(_launch_order, 2, args=(BucketedDDP, True)) == [[0, 1], [0, 1]]
+    assert spawn(_launch_order, 2, args=(_WhenFullDDP, True)) == [[1, 0], [0, 1]]

@@ -362,6 +362,19 @@ def _unbilled_extra(rank, world_size, *args):
     return mesh_bench.traced_nd3d(rank, world_size, *args)
 
 
+def _world_call(rank, world_size, *args):
+    """nd3d with a stray all-reduce on the world group before each step's pipeline (every rank
+    makes it, so nothing hangs), outside every mesh dimension."""
+    import nd3d
+    pipeline = nd3d.pipeline
+
+    def stray(*a):
+        dist.all_reduce(torch.zeros(1, dtype=torch.float64))
+        return pipeline(*a)
+    nd3d.pipeline = stray
+    return mesh_bench.traced_nd3d(rank, world_size, *args)
+
+
 def test_section_3_traces_nd3d_s_bytes_and_an_unbilled_call_shows():
     """Section 3's bytes come from helpers.trace around nd3d.train (the expert read's 'self-billed'
     finding): on a (2, 2, 2) mesh they equal nd3d's own bill per dimension; a run whose all-reduces
@@ -376,3 +389,7 @@ def test_section_3_traces_nd3d_s_bytes_and_an_unbilled_call_shows():
         assert out["bytes"] == pytest.approx(ok["bytes"])
         assert out["traced"]["tp"] == pytest.approx(2 * ok["traced"]["tp"])
         assert out["traced"]["dp"] == pytest.approx(2 * ok["traced"]["dp"])
+    with pytest.raises(Exception, match="not a mesh dimension's group"):
+        spawn(_world_call, 8, args=(*args, cfg, 1, 2), timeout=60)
+    alone = spawn(mesh_bench.traced_nd3d, 2, args=(1, 1, 2, cfg, 1, 2))   # pp alone: the world's
+    assert [out["traced"] for out in alone] == [pytest.approx(out["bytes"]) for out in alone]

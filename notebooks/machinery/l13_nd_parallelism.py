@@ -120,21 +120,23 @@ def run(parts, step, shape, names, args=(), backend="auto", torch_count=False):
 
 
 def traced_nd3d(rank, world_size, dp, tp, pp, cfg, steps, micro_batches):
-    """nd3d.train on this rank, wrapped in helpers.trace: its result, and "traced" ({dim: bytes
-    this rank sent per step}), every call read where torch sees it (its group named by its global
-    ranks: the dimension's), not from nd3d's own bill. The world all-reduce of the losses after
-    training (bookkeeping) is left out; any other call outside the mesh's groups fails."""
+    """nd3d.train on this rank, wrapped in helpers.trace (strict: a call it cannot name fails): its
+    result, and "traced" ({dim: bytes this rank sent per step}), every call read where torch sees
+    it and put to the dimension whose group it ran on (by the group's name), not from nd3d's own
+    bill. The one call allowed outside the mesh's groups is the losses' all-reduce on the world
+    group after training (bookkeeping, the last call); any other fails the run."""
     import nd3d
 
-    with trace.calls() as log:
+    with trace.calls(strict=True) as log:
         res = nd3d.train(rank, world_size, dp, tp, pp, cfg, steps, micro_batches)
-    dims = {tuple(res["groups"][d]): d for d in nd3d.DIMS if len(res["groups"][d]) > 1}
+    dims = {res["group_names"][d]: d for d in nd3d.DIMS if len(res["groups"][d]) > 1}
     sent = {d: 0 for d in nd3d.DIMS}
-    for c in log.calls:
-        if c.ranks in dims:
-            sent[dims[c.ranks]] += c.ring_sent
-        elif not (c.kind == "all_reduce" and c.size == world_size):
-            raise RuntimeError(f"{c.op} on ranks {c.ranks}: not a mesh dimension's group")
+    *training, last = log.calls
+    assert last.kind == "all_reduce" and last.group == dist.group.WORLD.group_name, last
+    for c in training:                        # (a dimension spanning the world is the world's group)
+        if c.group not in dims:
+            raise RuntimeError(f"{c.op} on {c.group} (ranks {c.ranks}): not a mesh dimension's group")
+        sent[dims[c.group]] += c.ring_sent
     res["traced"] = {d: b / steps for d, b in sent.items()}
     return res
 
