@@ -8,6 +8,8 @@ all-reduces are noted as they are launched), so the two can be held side by side
 section 5's step against the bucket cap (draw_caps) and its traced step (draw_step). It holds
 none of the lecture's code.
 """
+import itertools
+
 import matplotlib.pyplot as plt
 import torch.distributed as dist
 
@@ -70,7 +72,7 @@ def assert_rule(recorded, rule):
     """Section 4's check: every rank's recorded events are the rule's, one by one; the first
     that is not is named, on the first rank where one differs."""
     for rank, events in enumerate(recorded):
-        for k, (got, want) in enumerate(zip(events + [None] * len(rule), rule + [None] * len(events))):
+        for k, (got, want) in enumerate(itertools.zip_longest(events, rule)):
             if got != want:
                 raise AssertionError(f"rank {rank}, event {k}: " + (_say(got) if got else "nothing")
                                      + "; the rule says " + (_say(want) if want else "nothing"))

@@ -122,21 +122,21 @@ class SaveLog:
 
 def record_saves(run, params=()):
     """[(shape, bytes)] of each storage autograd saves for backward while `run()` executes, in the
-    order first saved, each storage once, the parameters in `params` left out: what a block keeps,
-    tensor by tensor (the lecture's SavedBytes sums the same storages)."""
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen = {}
+    order first saved: the storages the lecture's SavedBytes counts (each once, the parameters in
+    `params` left out), tensor by tensor, each named by the shape it was first saved as."""
+    from course.memory_precision import SavedBytes
 
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip and st.data_ptr() not in seen:
-            seen[st.data_ptr()] = (tuple(t.shape), st.nbytes())
-        return t
+    shapes = {}
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    class Shaped(SavedBytes):
+        def pack(self, t):
+            shapes.setdefault(t.untyped_storage().data_ptr(), tuple(t.shape))
+            return super().pack(t)
+
+    with Shaped(params) as saved:
         out = run()              # alive until recorded: no saved storage is freed and reused
     del out
-    return [(" x ".join(map(str, shape)), n) for shape, n in seen.values()]
+    return [(" x ".join(map(str, shapes[ptr])), n) for ptr, n in saved.storages.items()]
 
 
 def assert_saved(measured, model):

@@ -19,22 +19,15 @@ from helpers import plots, recording, tiny, trace
 
 
 def saved_bytes(run, params=()):
-    """Bytes autograd saves for backward while `run()` executes: each storage once (q, k and v
-    are views of one qkv output), the parameters in `params` left out (they are not activations)."""
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    kept = {}
+    """Bytes autograd saves for backward while `run()` executes, counted by lecture 10's
+    SavedBytes: each storage once (q, k and v are views of one qkv output), the parameters in
+    `params` left out (they are not activations)."""
+    from course.memory_precision import SavedBytes
 
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(params) as saved:
         out = run()              # kept alive until counted: no saved storage is freed and reused
-    total = sum(kept.values())
     del out
-    return total
+    return saved.bytes
 
 
 def block_and_data(h, a, s, b=2, dev="cpu"):
